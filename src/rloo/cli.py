@@ -1,0 +1,215 @@
+"""The `rloo` command line.
+
+    rloo train --config run.yaml --learning_rate 1e-6     # YAML keys and --flags, flags win
+    rloo train --help                                     # every field with its docstring
+    rloo demo                                             # offline: learns two-digit addition
+
+Every `RLOOConfig` field and every `ScriptArguments` field is both a YAML key and a `--flag`.
+Unknown keys and flags are errors, not ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import importlib
+import importlib.util
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from .config import ALIASES, ConfigError, RLOOConfig, field_docs
+
+
+@dataclass
+class ScriptArguments:
+    """What to train: model, data and rewards. The how is RLOOConfig."""
+
+    model_name_or_path: str | None = None
+    """Model id or local path of the policy (AutoModelForCausalLM)."""
+    dataset_name: str | None = None
+    """A local file (json, jsonl, csv, parquet), a local dataset directory, or a Hub name."""
+    dataset_split: str = "train"
+    """Split to train on."""
+    dataset_config: str | None = None
+    """Dataset configuration name, for Hub datasets that have several."""
+    eval_split: str | None = None
+    """Split scored as eval_dataset (eval/reward); none by default."""
+    reward_funcs: list[str] = field(default_factory=list)
+    """Reward functions: built-in names (e.g. exact_match) or `module:function` / `file.py:function` paths."""
+    use_peft: bool = False
+    """Train LoRA adapters instead of all weights; the reference is the model with adapters disabled."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA alpha (scale = alpha / r)."""
+    lora_dropout: float = 0.05
+    """Dropout on the LoRA branch."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Modules that get adapters; "all-linear" targets every linear layer but the output head."""
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = str(text).lower()
+    if lowered in ("1", "true", "yes", "y", "on"):
+        return True
+    if lowered in ("0", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+    group = parser.add_argument_group(title)
+    docs = field_docs(cls)
+    for f, hint in ((f, _field_types(cls)[f.name]) for f in dataclasses.fields(cls)):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{docs.get(f.name, '')} (default: {default!r})"}
+        args = typing.get_args(hint)
+        base = next((a for a in args if a is not type(None)), hint) if args and type(None) in args else hint
+        if typing.get_origin(base) is list:
+            kwargs.update(nargs="+", type=typing.get_args(base)[0])
+        elif base is bool:
+            kwargs.update(nargs="?", const=True, type=_parse_bool, metavar="BOOL")
+        else:
+            kwargs["type"] = base
+        group.add_argument(f"--{f.name}", **kwargs)
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rloo train",
+        allow_abbrev=False,  # a typo must not silently match a longer flag
+        description="Train a causal LM with RLOO. Values come from --config (YAML), then from flags.",
+    )
+    parser.add_argument("--config", help="YAML file whose keys are any of the flags below.")
+    parser.add_argument("--resume_from_checkpoint", default=None,
+                        help="A checkpoint directory to resume from, or 'latest' for the newest in output_dir.")
+    _add_dataclass_flags(parser, ScriptArguments, "what to train")
+    _add_dataclass_flags(parser, RLOOConfig, "RLOOConfig")
+    aliases = parser.add_argument_group("TRL v0 names (aliases)")
+    for old, new in ALIASES.items():
+        aliases.add_argument(f"--{old}", default=argparse.SUPPRESS, type=_field_types(RLOOConfig)[new],
+                             help=f"Alias of --{new}.")
+    return parser
+
+
+def _check_keys(values: dict[str, Any], source: str) -> None:
+    known = {f.name for f in dataclasses.fields(RLOOConfig)} | {f.name for f in dataclasses.fields(ScriptArguments)}
+    known |= set(ALIASES) | {"resume_from_checkpoint"}
+    for key in values:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" Did you mean `{close[0]}`?" if close else ""
+            raise ConfigError(f"unknown key `{key}` in {source}.{hint} `rloo train --help` lists every key.")
+
+
+def parse_train_args(argv: Sequence[str]) -> tuple[ScriptArguments, RLOOConfig, str | None]:
+    """YAML file, then flags on top; returns the script arguments, the config and the checkpoint to resume."""
+    parser = build_train_parser()
+    flags = vars(parser.parse_args(argv))
+    config_path = flags.pop("config", None)
+    values: dict[str, Any] = {}
+    if config_path:
+        loaded = yaml.safe_load(Path(config_path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{config_path} must hold a mapping of keys to values, got {type(loaded).__name__}.")
+        _check_keys(loaded, config_path)
+        values.update(loaded)
+    for old, new in ALIASES.items():  # a flag overrides the file whichever name either used
+        if old in flags or new in flags:
+            values.pop(old, None)
+            values.pop(new, None)
+    values.update({k: v for k, v in flags.items() if v is not None or k != "resume_from_checkpoint"})
+    resume = values.pop("resume_from_checkpoint", None)
+    script_names = {f.name for f in dataclasses.fields(ScriptArguments)}
+    script = ScriptArguments(**{k: v for k, v in values.items() if k in script_names})
+    config = RLOOConfig(**{k: v for k, v in values.items() if k not in script_names})
+    return script, config, resume
+
+
+def resolve_reward_func(spec: str) -> Callable:
+    """A built-in name, `package.module:function`, or `path/to/file.py:function`."""
+    from .rewards import BUILTIN_REWARDS
+
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    if ":" not in spec:
+        raise ConfigError(f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARDS)}) "
+                          f"nor a `module:function` path.")
+    module_name, func_name = spec.rsplit(":", 1)
+    if module_name.endswith(".py"):
+        module_spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+        if module_spec is None or not Path(module_name).exists():
+            raise ConfigError(f"reward function file {module_name} does not exist.")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    if not hasattr(module, func_name):
+        raise ConfigError(f"{module_name} has no function `{func_name}`.")
+    return getattr(module, func_name)
+
+
+def run_train(argv: Sequence[str]) -> None:
+    from .data import load_prompt_dataset
+    from .trainer import RLOOTrainer
+
+    script, config, resume = parse_train_args(argv)
+    if not script.model_name_or_path or not script.dataset_name or not script.reward_funcs:
+        raise ConfigError("rloo train needs --model_name_or_path, --dataset_name and --reward_funcs "
+                          "(as flags or YAML keys).")
+    train_dataset = load_prompt_dataset(script.dataset_name, script.dataset_split, script.dataset_config)
+    eval_dataset = (load_prompt_dataset(script.dataset_name, script.eval_split, script.dataset_config)
+                    if script.eval_split else None)
+    peft_config = None
+    if script.use_peft:
+        from peft import LoraConfig
+
+        targets = script.lora_target_modules
+        peft_config = LoraConfig(r=script.lora_r, lora_alpha=script.lora_alpha, lora_dropout=script.lora_dropout,
+                                 target_modules=targets[0] if targets == ["all-linear"] else targets,
+                                 task_type="CAUSAL_LM")
+    trainer = RLOOTrainer(
+        model=script.model_name_or_path,
+        reward_funcs=[resolve_reward_func(spec) for spec in script.reward_funcs],
+        args=config,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=peft_config,
+    )
+    trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
+    print(f"Saved the trained model to {config.output_dir}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"train": run_train, "demo": _run_demo}
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print("usage: rloo {train,demo} [options]\n\n"
+              "  train   train a causal LM with RLOO from a YAML config and flags (rloo train --help)\n"
+              "  demo    offline demo: a tiny model learns two-digit addition (rloo demo --help)")
+        raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
+    try:
+        commands[argv[0]](argv[1:])
+    except ConfigError as error:
+        print(f"rloo: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _run_demo(argv: Sequence[str]) -> None:
+    from .demo import main as demo_main
+
+    demo_main(argv)
+
+
+if __name__ == "__main__":
+    main()

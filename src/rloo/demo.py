@@ -1,0 +1,93 @@
+"""`rloo demo`: RLOO that visibly learns, offline, on two CPU cores, in a few minutes.
+
+1. Build a character tokenizer and a ~2.4M-parameter Qwen2 model from a config (no download).
+2. Warm-start it with a short supervised run on two-digit addition to partial accuracy
+   (cached, so a second run skips this).
+3. Measure greedy accuracy on held-out problems.
+4. Train with RLOO and an exact-match reward.
+5. Measure held-out greedy accuracy again and say where the run was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .config import RLOOConfig
+from .toy import addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
+from .trainer import RLOOTrainer
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rloo" / "demo"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rloo demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", default="runs/demo", help="Where the run (metrics, model) is written.")
+    parser.add_argument("--cache_dir", default=str(default_cache_dir()), help="Where the warm-started model is cached.")
+    parser.add_argument("--episodes", type=int, default=8192, help="Completions to sample in total.")
+    parser.add_argument("--num_generations", type=int, default=4, help="K, completions per prompt.")
+    parser.add_argument("--batch_size", type=int, default=64, help="Completions per optimizer step.")
+    parser.add_argument("--learning_rate", type=float, default=3e-5, help="RLOO learning rate.")
+    parser.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0: no reference model).")
+    parser.add_argument("--num_eval", type=int, default=500, help="Held-out problems for greedy accuracy.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the data, the warm start and RLOO.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    options = build_parser().parse_args(argv)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    start = time.perf_counter()
+
+    # 1-2. Tiny model, warm-started to partial accuracy (cached).
+    model, tokenizer = warm_started_addition_model(options.cache_dir, seed=options.seed)
+    train_dataset, eval_dataset = addition_split(num_train=8192, num_eval=options.num_eval, seed=options.seed)
+
+    # 3. Held-out accuracy before RL.
+    before = greedy_accuracy(model, tokenizer, eval_dataset)
+    print(f"held-out greedy accuracy before RLOO: {before:.3f}")
+
+    # 4. RLOO with an exact-match reward.
+    config = RLOOConfig(
+        output_dir=options.output_dir,
+        seed=options.seed,
+        num_generations=options.num_generations,
+        per_device_train_batch_size=options.batch_size,
+        gradient_accumulation_steps=1,
+        learning_rate=options.learning_rate,
+        lr_scheduler_type="constant",
+        beta=options.beta,
+        max_completion_length=5,  # up to three digits and EOS
+        max_prompt_length=16,
+        temperature=1.0,
+        total_episodes=options.episodes,
+        logging_steps=16,
+        save_steps=0,
+        log_completions=True,
+        num_completions_to_print=4,
+    )
+    trainer = RLOOTrainer(model, reward_funcs=exact_match_reward, args=config,
+                          train_dataset=train_dataset, processing_class=tokenizer)
+    trainer.train()
+
+    # 5. Held-out accuracy after RL.
+    after = greedy_accuracy(trainer.accelerator.unwrap_model(trainer.model), tokenizer, eval_dataset)
+    elapsed = time.perf_counter() - start
+    result = {"accuracy_before": before, "accuracy_after": after, "episodes": trainer.episode, "seconds": elapsed}
+    Path(options.output_dir, "demo_result.json").write_text(json.dumps(result, indent=2))
+    print(f"\nheld-out greedy accuracy: {before:.3f} -> {after:.3f} "
+          f"({options.num_eval} problems, {trainer.episode} episodes, {elapsed:.0f} s)")
+    print(f"run written to {Path(options.output_dir).resolve()} (metrics.jsonl, completions.jsonl, model)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,563 @@
+"""RLOOTrainer: REINFORCE Leave-One-Out, one loop that reads top to bottom.
+
+Each optimizer step on each process:
+  1. takes `prompts_per_step` prompts and samples K = num_generations completions of each;
+  2. scores every completion with the reward functions;
+  3. when beta > 0, folds the sequence KL to the frozen reference into the reward:
+     r = score - beta * sum_t (log pi - log pi_ref);
+  4. computes leave-one-out advantages A_i = r_i - (sum_j r_j - r_i) / (K - 1) within each group;
+  5. minimises -A * log pi(y|x) over the whole completion (PPO-style clipped sequence ratio when
+     num_iterations > 1 reuses the batch), accumulating micro-batches with an explicit denominator;
+  6. logs, checkpoints, and goes on.
+
+Accelerate owns devices, processes, mixed precision, trackers and saved state; this file owns the
+loop. The math lives in `advantages`, `kl`, `loss` and `logprobs`, each a pure tensor function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
+
+from .advantages import leave_one_out_advantages
+from .config import RLOOConfig
+from .data import PromptSchedule, select_rows
+from .kl import kl_penalized_reward, sequence_kl
+from .logprobs import completion_logprobs
+from .loss import clipped_sequence_loss
+from .reporting import JsonlSink, MetricsWindow, completions_table, format_metrics, print_table, write_completions
+from .sampling import GenerateSampler, Sampler
+from .scoring import TRAINER_ARGUMENTS, RewardFunction, score_completions
+
+logger = logging.getLogger(__name__)
+
+TRAINER_STATE = "trainer_state.json"
+ACCELERATE_STATE = "accelerate_state"
+
+
+@dataclass
+class Rollout:
+    """One process's batch for one optimizer step: whole groups, scored and baselined.
+
+    Rows are group-contiguous: row p*K + k is completion k of prompt p. B = prompts_per_step * K.
+    """
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P)
+    completion_ids: torch.Tensor  # (B, C) right-padded
+    completion_mask: torch.Tensor  # (B, C) 1 up to and including EOS
+    old_logps: torch.Tensor | None  # (B, C) log-probs at sampling time; None when unused
+    scores: torch.Tensor  # (B,) weighted reward-function scores
+    seq_kl: torch.Tensor  # (B,) sequence KL to the reference (zeros when beta == 0)
+    rewards: torch.Tensor  # (B,) scores - beta * seq_kl
+    advantages: torch.Tensor  # (B,) leave-one-out advantages
+    has_eos: torch.Tensor  # (B,) bool
+
+    def micro_batch(self, start: int, size: int) -> "Rollout":
+        """Rows [start, start + size), with padding columns that every row shares trimmed off."""
+        rows = slice(start, start + size)
+        prompt_mask = self.prompt_mask[rows]
+        completion_mask = self.completion_mask[rows]
+        first = int((prompt_mask.sum(0) > 0).nonzero()[0])  # first prompt column any row uses
+        last = int((completion_mask.sum(0) > 0).nonzero()[-1]) + 1  # past the last completion column used
+        return Rollout(
+            prompt_ids=self.prompt_ids[rows, first:],
+            prompt_mask=prompt_mask[:, first:],
+            completion_ids=self.completion_ids[rows, :last],
+            completion_mask=completion_mask[:, :last],
+            old_logps=None if self.old_logps is None else self.old_logps[rows, :last],
+            scores=self.scores[rows],
+            seq_kl=self.seq_kl[rows],
+            rewards=self.rewards[rows],
+            advantages=self.advantages[rows],
+            has_eos=self.has_eos[rows],
+        )
+
+
+class RLOOTrainer:
+    """Train a causal LM with RLOO.
+
+    Args:
+        model: a model id or local path (loaded with AutoModelForCausalLM) or a PreTrainedModel.
+        reward_funcs: a callable or list of callables `f(prompts, completions, completion_ids, **columns)`
+            returning one float per completion. Each receives only the arguments its signature names.
+        args: the RLOOConfig.
+        train_dataset: a `datasets.Dataset` with a "prompt" column; other columns reach reward functions.
+        eval_dataset: optional prompts scored during and after training (eval/reward).
+        processing_class: the tokenizer; loaded from `model` when None.
+        peft_config: a peft config; the policy trains adapters and the reference is the model with
+            adapters disabled, so no second copy of the weights is kept.
+        reward_model: the name seed scripts use for `reward_funcs`; give one or the other.
+    """
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: Callable | Sequence[Callable] | None = None,
+        args: RLOOConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        peft_config: Any = None,
+        reward_model: Callable | Sequence[Callable] | None = None,
+    ) -> None:
+        if reward_funcs is not None and reward_model is not None:
+            raise ValueError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
+        reward_funcs = reward_funcs if reward_funcs is not None else reward_model
+        if reward_funcs is None:
+            raise ValueError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
+        if train_dataset is None:
+            raise ValueError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
+        self.args = args = args if args is not None else RLOOConfig()
+
+        self.accelerator = Accelerator(
+            mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
+            log_with=None if args.report_to == "none" else args.report_to,
+            project_dir=args.output_dir,
+        )
+        set_seed(args.seed)
+
+        # --- tokenizer and policy ---
+        self.tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(
+            model if isinstance(model, str) else model.config._name_or_path
+        )
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        if self.tokenizer.eos_token_id is None:
+            raise ValueError("The tokenizer has no eos_token; RLOO needs one to know where completions end.")
+        policy = AutoModelForCausalLM.from_pretrained(model) if isinstance(model, str) else model
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            policy = get_peft_model(policy, peft_config)
+        self._is_peft = hasattr(policy, "disable_adapter")
+        if args.disable_dropout:
+            for module in policy.modules():
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = 0.0
+        if args.gradient_checkpointing:
+            policy.gradient_checkpointing_enable()
+            policy.config.use_cache = False
+
+        # --- frozen reference: not loaded at all when beta == 0; adapters disabled under LoRA ---
+        reference = None
+        if args.beta > 0 and not self._is_peft:
+            reference = copy.deepcopy(policy).eval().requires_grad_(False)
+
+        # --- optimizer and schedule ---
+        self.schedule = PromptSchedule(
+            num_rows=len(train_dataset),
+            prompts_per_process=args.prompts_per_step,
+            num_processes=self.accelerator.num_processes,
+            seed=args.seed,
+            shuffle=args.shuffle_dataset,
+        )
+        self.num_rollouts, self.total_steps = self._run_length()
+        optimizer = self._build_optimizer(policy)
+        warmup = args.warmup_steps or math.ceil(args.warmup_ratio * self.total_steps)
+        scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
+                                  num_training_steps=self.total_steps)
+        self.model, self.optimizer, self.lr_scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
+        self.reference = None if reference is None else self.accelerator.prepare_model(reference, evaluation_mode=True)
+
+        # --- data and rewards ---
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self._check_dataset(train_dataset, "train_dataset")
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        self.reward_functions = [RewardFunction.wrap(f) for f in funcs]
+        available = set(TRAINER_ARGUMENTS) | (set(train_dataset.column_names) - {"prompt"})
+        for fn in self.reward_functions:
+            fn.check_available(available)
+        self.reward_weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * len(funcs)
+        if len(self.reward_weights) != len(funcs):
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {len(funcs)} reward functions.")
+
+        self.sampler: Sampler = GenerateSampler(
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_ids=[self.tokenizer.eos_token_id],
+            max_new_tokens=args.max_completion_length,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+        )
+        self.global_step = 0
+        self.episode = 0
+        self._sinks = [JsonlSink(Path(args.output_dir) / "metrics.jsonl")] if self.accelerator.is_main_process else []
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
+        """Run the training loop; returns the last logged metrics."""
+        args, acc = self.args, self.accelerator
+        start_rollout = 0
+        if resume_from_checkpoint:
+            start_rollout = self._load_checkpoint(resume_from_checkpoint)
+        if args.report_to != "none":
+            acc.init_trackers(args.run_name or Path(args.output_dir).name, config=args.to_dict())
+        self.model.train()
+        window = MetricsWindow()
+        last_metrics: dict[str, float] = {}
+        progress = tqdm(total=self.total_steps, initial=self.global_step, desc="RLOO",
+                        disable=not acc.is_main_process, dynamic_ncols=True)
+        window_start, window_episodes = time.perf_counter(), 0
+
+        for rollout_index in range(start_rollout, self.num_rollouts):
+            rows = select_rows(self.train_dataset, self.schedule.rows(rollout_index, acc.process_index))
+            rollout, samples = self._generate_and_score(rows)  # steps 1-4
+            rollout_stats = self._rollout_metrics(rollout)
+            episodes = rollout.scores.numel() * acc.num_processes
+            self.episode += episodes
+            window_episodes += episodes
+
+            for _ in range(args.num_iterations):  # step 5: reuse the batch num_iterations times
+                step_stats = self._optimizer_step(rollout)
+                self.global_step += 1
+                window.add({**rollout_stats, **step_stats})
+                progress.update(1)
+                progress.set_postfix(reward=f"{rollout_stats['reward']:.3f}")
+
+                is_last = self.global_step >= self.total_steps
+                if self.global_step % args.logging_steps == 0 or is_last:  # step 6
+                    elapsed = time.perf_counter() - window_start
+                    last_metrics = self._log(window.mean_and_reset(), window_episodes / max(elapsed, 1e-9), samples, rollout)
+                    window_start, window_episodes = time.perf_counter(), 0
+                if self.eval_dataset is not None and args.eval_steps > 0 and self.global_step % args.eval_steps == 0:
+                    self._log_metrics(self.evaluate())
+                if args.save_steps > 0 and self.global_step % args.save_steps == 0:
+                    self._save_checkpoint(rollout_index)
+                if is_last:
+                    break
+            if self.global_step >= self.total_steps:
+                break
+
+        progress.close()
+        if self.eval_dataset is not None:
+            last_metrics.update(self._log_metrics(self.evaluate()))
+        self.save_model(args.output_dir)
+        acc.end_training()
+        return last_metrics
+
+    # ------------------------------------------------------------------ steps 1-4: sample, score, baseline
+
+    @torch.no_grad()
+    def _generate_and_score(self, rows: list[dict[str, Any]]) -> tuple[Rollout, dict[str, list]]:
+        args, acc = self.args, self.accelerator
+        k = args.num_generations
+        prompts = [row["prompt"] for row in rows]
+
+        # 1. Sample K completions of each prompt (groups contiguous: row p*K + k).
+        prompt_token_ids = self._tokenize_prompts(prompts)
+        with acc.autocast():
+            sampled = self.sampler.sample(acc.unwrap_model(self.model), prompt_token_ids, k)
+        completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.completion_ids, sampled.completion_mask)]
+        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+
+        # 2. Score every completion; dataset columns are repeated so that each completion sees its row.
+        arguments: dict[str, Any] = {
+            "prompts": [p for p in prompts for _ in range(k)],
+            "completions": completions,
+            "completion_ids": completion_ids,
+        }
+        for column in rows[0]:
+            if column != "prompt":
+                arguments[column] = [row[column] for row in rows for _ in range(k)]
+        scores, _ = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions))
+        scores = scores.to(sampled.completion_ids.device)  # (B,)
+
+        # 3. Fold the sequence KL into the reward before the baseline (only when it is used).
+        input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)  # (B, P + C)
+        attention_mask = torch.cat([sampled.prompt_mask, sampled.completion_mask], dim=1)
+        old_logps = None
+        seq_kl = torch.zeros_like(scores)
+        if args.beta > 0 or args.num_iterations > 1:
+            old_logps = self._batched_logprobs(acc.unwrap_model(self.model), input_ids, attention_mask, sampled.completion_ids.shape[1])
+        if args.beta > 0:
+            with self._reference_model() as reference:
+                ref_logps = self._batched_logprobs(reference, input_ids, attention_mask, sampled.completion_ids.shape[1])
+            seq_kl = sequence_kl(old_logps, ref_logps, sampled.completion_mask)  # (B,)
+        rewards = kl_penalized_reward(scores, seq_kl, args.beta)  # (B,)
+
+        # 4. Leave-one-out advantages within each group of K.
+        advantages = leave_one_out_advantages(rewards.view(-1, k)).view(-1)  # (B,)
+
+        rollout = Rollout(
+            prompt_ids=sampled.prompt_ids,
+            prompt_mask=sampled.prompt_mask,
+            completion_ids=sampled.completion_ids,
+            completion_mask=sampled.completion_mask,
+            old_logps=old_logps if args.num_iterations > 1 else None,
+            scores=scores,
+            seq_kl=seq_kl,
+            rewards=rewards,
+            advantages=advantages,
+            has_eos=sampled.has_eos,
+        )
+        return rollout, {"prompts": arguments["prompts"], "completions": completions}
+
+    # ------------------------------------------------------------------ step 5: the update
+
+    def _optimizer_step(self, rollout: Rollout) -> dict[str, float]:
+        """One optimizer step over the rollout: accumulate gradients, clip, step, schedule."""
+        stats = self._accumulate_gradients(rollout)
+        max_norm = self.args.max_grad_norm
+        if max_norm > 0:
+            stats["grad_norm"] = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats
+
+    def _accumulate_gradients(self, rollout: Rollout) -> dict[str, float]:
+        """Backward over the rollout in gradient_accumulation_steps micro-batches.
+
+        Each micro-batch contributes sum_i loss_i / completions_per_step, so the accumulated gradient
+        is the mean over all completions of the step, whatever the micro-batch split. Across
+        processes DDP averages equal-sized steps, which keeps the global mean exact.
+        """
+        args, acc = self.args, self.accelerator
+        size, denominator = args.per_device_train_batch_size, args.completions_per_step
+        totals = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "ratio_sq": 0.0, "approxkl": 0.0, "entropy": 0.0}
+        num_tokens = 0.0
+        for index in range(args.gradient_accumulation_steps):
+            micro = rollout.micro_batch(index * size, size)
+            is_last = index == args.gradient_accumulation_steps - 1
+            with contextlib.nullcontext() if is_last else acc.no_sync(self.model):
+                input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
+                attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)
+                logps, entropy = completion_logprobs(self.model, input_ids, attention_mask,
+                                                     micro.completion_ids.shape[1], args.temperature, with_entropy=True)
+                mask = micro.completion_mask.to(logps.dtype)
+                seq_logps = (logps * mask).sum(dim=1)  # (b,)
+                # One pass: pi_old is the current policy, detached (ratio 1, gradient of log pi).
+                old_seq_logps = seq_logps.detach() if micro.old_logps is None else (micro.old_logps * mask).sum(dim=1)
+                out = clipped_sequence_loss(seq_logps, old_seq_logps, micro.advantages, args.epsilon)
+                acc.backward(out.loss.sum() / denominator)
+
+            totals["loss"] += out.loss.detach().sum().item()
+            totals["clipped"] += out.clipped.sum().item()
+            totals["ratio"] += out.ratio.sum().item()
+            totals["ratio_sq"] += (out.ratio ** 2).sum().item()
+            totals["approxkl"] += (0.5 * (seq_logps.detach() - old_seq_logps) ** 2).sum().item()
+            totals["entropy"] += (entropy * mask).sum().item()
+            num_tokens += mask.sum().item()
+
+        n = float(denominator)
+        ratio_mean = totals["ratio"] / n
+        return {
+            "loss/policy_avg": totals["loss"] / n,
+            "policy/clipfrac_avg": totals["clipped"] / n,
+            "policy/approxkl_avg": totals["approxkl"] / n,
+            "policy/entropy_avg": totals["entropy"] / max(num_tokens, 1.0),
+            "val/ratio": ratio_mean,
+            "val/ratio_var": max(totals["ratio_sq"] / n - ratio_mean ** 2, 0.0),
+        }
+
+    # ------------------------------------------------------------------ step 6: logs and checkpoints
+
+    def _rollout_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """Metrics of the generated batch, gathered over processes. Names follow TRL v0 and v1."""
+        acc, k = self.accelerator, self.args.num_generations
+        lengths = rollout.completion_mask.sum(dim=1).float()
+        gathered = acc.gather(torch.stack([
+            rollout.scores, rollout.rewards, rollout.seq_kl, lengths,
+            rollout.has_eos.float(), (~rollout.has_eos).float(),
+        ], dim=1))  # (B_global, 6)
+        scores, rewards, seq_kl, lengths, eos, truncated = gathered.unbind(dim=1)
+        group_std = scores.view(-1, k).std(dim=1)  # (P_global,)
+        return {
+            "reward": scores.mean().item(),
+            "reward_std": group_std.mean().item(),
+            "frac_reward_zero_std": (group_std < 1e-8).float().mean().item(),
+            "objective/scores": scores.mean().item(),
+            "objective/kl": seq_kl.mean().item(),
+            "objective/non_score_reward": (-self.args.beta * seq_kl).mean().item(),
+            "objective/rlhf_reward": rewards.mean().item(),
+            "completions/mean_length": lengths.mean().item(),
+            "completions/min_length": lengths.min().item(),
+            "completions/max_length": lengths.max().item(),
+            "completions/clipped_ratio": truncated.mean().item(),
+            "val/num_eos_tokens": eos.sum().item(),
+            "num_tokens": lengths.sum().item(),
+        }
+
+    def _log(self, window: dict[str, float], eps: float, samples: dict[str, list], rollout: Rollout) -> dict[str, float]:
+        metrics = {
+            **window,
+            "objective/entropy": window.get("policy/entropy_avg", float("nan")),
+            "eps": eps,
+            "lr": self.lr_scheduler.get_last_lr()[0],
+            "episode": float(self.episode),
+        }
+        self._log_metrics(metrics)
+        if self.args.log_completions and self.accelerator.is_main_process:
+            n = self.args.num_completions_to_print
+            scores, advantages = rollout.scores.tolist(), rollout.advantages.tolist()
+            print_table(completions_table(samples["prompts"], samples["completions"], scores, advantages,
+                                          self.global_step, n))
+            write_completions(Path(self.args.output_dir) / "completions.jsonl", [
+                {"step": self.global_step, "prompt": p, "completion": c, "score": s, "advantage": a}
+                for p, c, s, a in list(zip(samples["prompts"], samples["completions"], scores, advantages))[:n]
+            ])
+        return metrics
+
+    def _log_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.accelerator.is_main_process:
+            tqdm.write(format_metrics(metrics, self.global_step))
+            for sink in self._sinks:
+                sink.log(metrics, self.global_step)
+        if self.args.report_to != "none":
+            self.accelerator.log(metrics, step=self.global_step)
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean score of K sampled completions of every eval prompt (whole groups, like training)."""
+        if self.eval_dataset is None:
+            raise ValueError("evaluate() needs an eval_dataset.")
+        acc, per_step = self.accelerator, self.args.prompts_per_step
+        totals = torch.zeros(2, device=acc.device)  # sum of scores, count
+        indices = list(range(acc.process_index, len(self.eval_dataset), acc.num_processes))
+        was_training = self.model.training
+        for start in range(0, len(indices), per_step):
+            rows = select_rows(self.eval_dataset, indices[start : start + per_step])
+            rollout, _ = self._generate_and_score(rows)
+            totals += torch.stack([rollout.scores.sum(), torch.tensor(float(rollout.scores.numel()), device=acc.device)])
+        self.model.train(was_training)
+        totals = acc.reduce(totals, reduction="sum")
+        return {"eval/reward": (totals[0] / totals[1].clamp(min=1)).item()}
+
+    def save_model(self, output_dir: str | None = None) -> None:
+        """Save the policy (or its adapters under LoRA) and the tokenizer with save_pretrained."""
+        output_dir = output_dir or self.args.output_dir
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            acc.unwrap_model(self.model).save_pretrained(output_dir, state_dict=acc.get_state_dict(self.model))
+            self.tokenizer.save_pretrained(output_dir)
+            (Path(output_dir) / "rloo_config.json").write_text(json.dumps(self.args.to_dict(), indent=2))
+        acc.wait_for_everyone()
+
+    def _save_checkpoint(self, rollout_index: int) -> None:
+        checkpoint = Path(self.args.output_dir) / f"checkpoint-{self.global_step}"
+        self.save_model(str(checkpoint))
+        self.accelerator.save_state(str(checkpoint / ACCELERATE_STATE))
+        if self.accelerator.is_main_process:
+            state = {
+                "global_step": self.global_step,
+                "rollout_index": rollout_index,
+                "episode": self.episode,
+                "completions_per_step": self.args.completions_per_step,
+                "num_processes": self.accelerator.num_processes,
+            }
+            (checkpoint / TRAINER_STATE).write_text(json.dumps(state, indent=2))
+            self._rotate_checkpoints()
+        self.accelerator.wait_for_everyone()
+
+    def _rotate_checkpoints(self) -> None:
+        limit = self.args.save_total_limit
+        if limit is None:
+            return
+        checkpoints = sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+        for old in checkpoints[:-limit]:
+            shutil.rmtree(old)
+
+    def _load_checkpoint(self, checkpoint: str | bool) -> int:
+        """Restore model, optimizer, scheduler, RNG and counters; return the next rollout index."""
+        if checkpoint is True:
+            found = sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+            if not found:
+                raise FileNotFoundError(f"resume_from_checkpoint=True, but {self.args.output_dir} has no checkpoint-* directory.")
+            checkpoint = found[-1]
+        path = Path(checkpoint)
+        state_file = path / TRAINER_STATE
+        if not state_file.exists():
+            raise FileNotFoundError(f"{path} is not an rloo checkpoint: {TRAINER_STATE} is missing.")
+        state = json.loads(state_file.read_text())
+        if (state["completions_per_step"], state["num_processes"]) != (self.args.completions_per_step, self.accelerator.num_processes):
+            raise ValueError(
+                f"the checkpoint was written with {state['completions_per_step']} completions per step on "
+                f"{state['num_processes']} processes, this run has {self.args.completions_per_step} on "
+                f"{self.accelerator.num_processes}; resume with the same batch sizes and process count."
+            )
+        self.accelerator.load_state(str(path / ACCELERATE_STATE))
+        self.global_step, self.episode = state["global_step"], state["episode"]
+        logger.info("Resumed from %s at step %d.", path, self.global_step)
+        return state["rollout_index"] + 1
+
+    # ------------------------------------------------------------------ helpers
+
+    def _run_length(self) -> tuple[int, int]:
+        """(rollouts, optimizer steps) from max_steps, total_episodes or num_train_epochs."""
+        args, per_rollout = self.args, self.args.num_iterations
+        if args.max_steps > 0:
+            return math.ceil(args.max_steps / per_rollout), args.max_steps
+        if args.total_episodes is not None:
+            rollouts = math.ceil(args.total_episodes / (args.completions_per_step * self.accelerator.num_processes))
+        else:
+            rollouts = max(1, int(args.num_train_epochs * self.schedule.batches_per_epoch))
+        return rollouts, rollouts * per_rollout
+
+    def _build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        args = self.args
+        params = [p for p in model.parameters() if p.requires_grad]
+        # Decay matrices only; biases and norm weights are not decayed.
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        kwargs = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+        if args.optim == "adamw_8bit":
+            if not torch.cuda.is_available():
+                raise RuntimeError("optim='adamw_8bit' needs a CUDA GPU (bitsandbytes); use optim='adamw_torch' here.")
+            import bitsandbytes as bnb
+
+            return bnb.optim.AdamW8bit(groups, **kwargs)
+        return torch.optim.AdamW(groups, **kwargs)
+
+    def _check_dataset(self, dataset: Any, name: str) -> None:
+        if len(dataset) == 0:
+            raise ValueError(f"{name} is empty.")
+        if "prompt" not in dataset.column_names:
+            raise ValueError(f"{name} has no 'prompt' column (columns: {dataset.column_names}); rename your prompt column to 'prompt'.")
+
+    def _tokenize_prompts(self, prompts: list[str]) -> list[list[int]]:
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        # Keep the end of long prompts: that is where the question usually is.
+        return [seq[-self.args.max_prompt_length :] for seq in ids]
+
+    @contextlib.contextmanager
+    def _reference_model(self):
+        if self.reference is not None:
+            yield self.reference
+        else:  # LoRA: the reference is the base model, adapters disabled
+            model = self.accelerator.unwrap_model(self.model)
+            with model.disable_adapter():
+                yield model
+
+    def _batched_logprobs(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          completion_length: int) -> torch.Tensor:
+        """No-grad (B, C) completion log-probs, in micro-batches of per_device_train_batch_size."""
+        size = self.args.per_device_train_batch_size
+        chunks = []
+        with self.accelerator.autocast():
+            for start in range(0, input_ids.shape[0], size):
+                logps, _ = completion_logprobs(model, input_ids[start : start + size], attention_mask[start : start + size],
+                                               completion_length, self.args.temperature)
+                chunks.append(logps)
+        return torch.cat(chunks)

@@ -1,0 +1,110 @@
+"""RLOOConfig: derived sizes, every validation error, aliases, documentation."""
+
+import dataclasses
+import logging
+
+import pytest
+
+from rloo import ConfigError, RLOOConfig
+from rloo.config import field_docs
+
+
+def test_seed_000_batch_config_is_one_prompt_per_step():
+    config = RLOOConfig(per_device_train_batch_size=1, gradient_accumulation_steps=4, num_generations=4)
+    assert config.completions_per_step == 4
+    assert config.prompts_per_step == 1
+
+
+def test_batch_sizes_count_completions_like_trl():
+    config = RLOOConfig(per_device_train_batch_size=32, num_generations=4)
+    assert config.prompts_per_step == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_generations=1), "num_generations"),
+        (dict(per_device_train_batch_size=6, num_generations=4), "multiple of num_generations"),
+        (dict(per_device_train_batch_size=0), "per_device_train_batch_size"),
+        (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps"),
+        (dict(learning_rate=0.0), "learning_rate"),
+        (dict(lr_scheduler_type="warp"), "lr_scheduler_type"),
+        (dict(warmup_ratio=1.5), "warmup_ratio"),
+        (dict(warmup_steps=-1), "warmup_steps"),
+        (dict(warmup_ratio=0.1, warmup_steps=10), "set only one"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(adam_beta1=1.0), "adam_beta1"),
+        (dict(adam_epsilon=0.0), "adam_epsilon"),
+        (dict(max_grad_norm=-1.0), "max_grad_norm"),
+        (dict(optim="sgd"), "optim"),
+        (dict(bf16=True, fp16=True), "bf16 and fp16"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(beta=-0.1), "beta"),
+        (dict(epsilon=0.0), "epsilon"),
+        (dict(num_iterations=0), "num_iterations"),
+        (dict(max_steps=0), "max_steps"),
+        (dict(num_train_epochs=0), "num_train_epochs"),
+        (dict(total_episodes=0), "total_episodes"),
+        (dict(max_steps=10, total_episodes=100), "both set"),
+        (dict(save_steps=-1), "save_steps"),
+        (dict(save_steps=3, num_iterations=2), "multiple of num_iterations"),
+        (dict(save_total_limit=0), "save_total_limit"),
+        (dict(eval_steps=-1), "eval_steps"),
+        (dict(reward_weights=[]), "reward_weights"),
+        (dict(report_to="mlflow"), "report_to"),
+        (dict(max_prompt_length=0), "max_prompt_length"),
+        (dict(max_completion_length=0), "max_completion_length"),
+        (dict(logging_steps=0), "logging_steps"),
+        (dict(num_completions_to_print=0), "num_completions_to_print"),
+    ],
+)
+def test_validation_errors_name_the_field(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        RLOOConfig(**kwargs)
+
+
+def test_divisibility_error_names_the_fields_to_change():
+    with pytest.raises(ConfigError) as error:
+        RLOOConfig(per_device_train_batch_size=6, gradient_accumulation_steps=1, num_generations=4)
+    text = str(error.value)
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"):
+        assert name in text
+
+
+def test_adamw_8bit_without_bitsandbytes_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    with pytest.raises(ConfigError, match="bitsandbytes"):
+        RLOOConfig(optim="adamw_8bit")
+
+
+@pytest.mark.parametrize(
+    "old, new, value",
+    [("kl_coef", "beta", 0.1), ("rloo_k", "num_generations", 4), ("cliprange", "epsilon", 0.1),
+     ("num_ppo_epochs", "num_iterations", 2), ("response_length", "max_completion_length", 53)],
+)
+def test_trl_v0_aliases(old, new, value, caplog):
+    with caplog.at_level(logging.WARNING):
+        config = RLOOConfig(**{old: value, "per_device_train_batch_size": 8, "save_steps": 0})
+    assert getattr(config, new) == value
+    assert getattr(config, old) == value
+    assert f"`{new}`" in caplog.text
+    assert old not in {f.name for f in dataclasses.fields(RLOOConfig)}
+    RLOOConfig(**{old: value, new: value, "per_device_train_batch_size": 8, "save_steps": 0})  # same value: fine
+    with pytest.raises(ConfigError, match=f"`{old}` is an alias of `{new}`"):
+        RLOOConfig(**{old: value, new: value * 3, "per_device_train_batch_size": 8, "save_steps": 0})
+
+
+def test_values_are_never_rewritten():
+    config = RLOOConfig(learning_rate=3e-5, per_device_train_batch_size=12, num_generations=3, top_k=7)
+    assert (config.learning_rate, config.per_device_train_batch_size, config.num_generations, config.top_k) == (3e-5, 12, 3, 7)
+
+
+def test_every_field_has_a_docstring():
+    docs = field_docs(RLOOConfig)
+    missing = [f.name for f in dataclasses.fields(RLOOConfig) if not docs.get(f.name)]
+    assert missing == []

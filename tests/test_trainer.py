@@ -1,0 +1,210 @@
+"""The trainer end to end on tiny models: learning, accumulation invariance, KL, resume, saving."""
+
+import json
+
+import pytest
+import torch
+
+import rloo.trainer as trainer_module
+from rloo import RLOOConfig, RLOOTrainer
+from rloo.scoring import RewardError
+
+from conftest import digit_fraction
+
+
+def _config(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+                  max_completion_length=6, learning_rate=3e-3, beta=0.0, max_steps=4, logging_steps=1,
+                  save_steps=0, seed=0)
+    return RLOOConfig(**{**values, **overrides})
+
+
+def _params(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_reward_rises_end_to_end(tmp_path, make_model, tokenizer, digit_dataset):
+    args = _config(tmp_path, per_device_train_batch_size=32, max_steps=40, learning_rate=1e-2, logging_steps=5)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [line["reward"] for line in lines]
+    assert len(lines) == 8 and lines[-1]["step"] == 40 and lines[-1]["episode"] == 40 * 32
+    assert rewards[-1] > rewards[0] + 0.3, rewards
+
+
+def test_gradient_accumulation_matches_one_large_batch(tmp_path, make_model, tokenizer, digit_dataset):
+    common = dict(beta=0.05, max_grad_norm=0.0)
+    large = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=8,
+                        gradient_accumulation_steps=1, **common), train_dataset=digit_dataset, processing_class=tokenizer)
+    rollout, _ = large._generate_and_score([digit_dataset[i] for i in range(2)])
+    assert rollout.advantages.abs().sum() > 0
+    large._accumulate_gradients(rollout)
+    small = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=4,
+                        gradient_accumulation_steps=2, **common), train_dataset=digit_dataset, processing_class=tokenizer)
+    small._accumulate_gradients(rollout)
+    for (name, p_large), p_small in zip(large.model.named_parameters(), small.model.parameters()):
+        torch.testing.assert_close(p_small.grad, p_large.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_seed_000_config_with_reward_model_keyword_and_narrow_signature(tmp_path, make_model, tokenizer, digit_dataset):
+    seen = {}
+
+    def length_reward(completions, prompts=None):  # seed 000's shape: no **kwargs
+        seen["n"] = len(completions)
+        seen["prompts"] = prompts
+        return [float(len(c)) for c in completions]
+
+    args = _config(tmp_path, per_device_train_batch_size=1, gradient_accumulation_steps=4, num_generations=4, max_steps=2)
+    trainer = RLOOTrainer(model=make_model(), args=args, train_dataset=digit_dataset, processing_class=tokenizer,
+                          reward_model=length_reward)
+    trainer.train()
+    assert seen["n"] == 4  # one prompt's whole group is scored together
+    assert len(set(seen["prompts"])) == 1
+
+
+def test_one_iteration_without_kl_runs_no_extra_forward(tmp_path, make_model, tokenizer, digit_dataset, monkeypatch):
+    calls = []
+    real = trainer_module.completion_logprobs
+
+    def counting(model, *args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "completion_logprobs", counting)
+    args = _config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=1)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    assert trainer.reference is None  # beta == 0 loads no reference model
+    trainer.train()
+    assert calls == [True, True]  # two micro-batches with grad, no no-grad pass
+
+    calls.clear()
+    args = _config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=1, beta=0.1)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    assert trainer.reference is not None
+    trainer.train()
+    assert calls == [False, False, False, False, True, True]  # policy and reference no-grad, then training
+
+
+def test_kl_starts_at_zero_and_is_folded_into_rewards(tmp_path, make_model, tokenizer, digit_dataset):
+    args = _config(tmp_path, beta=0.5)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    torch.testing.assert_close(rollout.seq_kl, torch.zeros(8), atol=1e-5, rtol=0)  # policy == reference
+    trainer.train()  # the policy moves away from the reference
+    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    assert rollout.seq_kl.abs().max() > 1e-3
+    torch.testing.assert_close(rollout.rewards, rollout.scores - 0.5 * rollout.seq_kl)
+    grouped = rollout.rewards.view(2, 4)
+    expected = grouped - (grouped.sum(1, keepdim=True) - grouped) / 3
+    torch.testing.assert_close(rollout.advantages, expected.view(-1))
+
+
+def test_num_iterations_reuses_the_batch_with_clipping(tmp_path, make_model, tokenizer, digit_dataset):
+    args = _config(tmp_path, num_iterations=3, max_steps=6, learning_rate=3e-2, epsilon=0.05, logging_steps=1)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["episode"] for line in lines] == [8, 8, 8, 16, 16, 16]  # one rollout per 3 steps
+    assert lines[0]["val/ratio"] == pytest.approx(1.0, abs=1e-5)  # first pass: pi == pi_old
+    assert any(line["val/ratio_var"] > 0 for line in lines[1:3])  # later passes move the ratio
+    assert max(line["policy/clipfrac_avg"] for line in lines) > 0
+
+
+def test_resume_continues_exactly(tmp_path, make_model, tokenizer, digit_dataset):
+    straight = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path / "a", max_steps=4, save_steps=2),
+                           train_dataset=digit_dataset, processing_class=tokenizer)
+    straight.train()
+    resumed = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path / "b", max_steps=4),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "run" / "checkpoint-2"))
+    assert resumed.global_step == 4 and resumed.episode == straight.episode == 32
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+
+
+def test_checkpoints_rotate_and_resume_latest(tmp_path, make_model, tokenizer, digit_dataset):
+    args = _config(tmp_path, max_steps=6, save_steps=2, save_total_limit=2)
+    RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer).train()
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    state = json.loads((run / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["global_step"] == 6 and state["episode"] == 48
+    later = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, max_steps=8, save_steps=2),
+                        train_dataset=digit_dataset, processing_class=tokenizer)
+    later.train(resume_from_checkpoint=True)
+    assert later.global_step == 8
+
+
+def test_resume_errors(tmp_path, make_model, tokenizer, digit_dataset):
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        trainer.train(resume_from_checkpoint=True)
+    with pytest.raises(FileNotFoundError, match="not an rloo checkpoint"):
+        trainer.train(resume_from_checkpoint=str(tmp_path))
+
+
+def test_saved_model_loads_by_path_and_trains_from_an_id(tmp_path, make_model, tokenizer, digit_dataset):
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, max_steps=1),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.train()
+    saved = tmp_path / "run"
+    assert (saved / "config.json").exists() and (saved / "tokenizer_config.json").exists()
+    # A model id or path goes through from_pretrained, the tokenizer too.
+    again = RLOOTrainer(str(saved), digit_fraction, args=_config(tmp_path / "again", max_steps=1), train_dataset=digit_dataset)
+    for (name, a), b in zip(trainer.model.named_parameters(), again.model.parameters()):
+        torch.testing.assert_close(b, a, msg=name)
+    again.train()
+    trainer.save_model(str(tmp_path / "explicit"))
+    assert (tmp_path / "explicit" / "model.safetensors").exists()
+
+
+def test_trl_v1_script_shape_with_eval_and_table(tmp_path, make_model, tokenizer, digit_dataset, capsys):
+    # What a TRL v1 script passes, by keyword, with only the import changed.
+    args = RLOOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=8, num_generations=2,
+                      max_completion_length=4, max_steps=2, logging_steps=1, log_completions=True,
+                      num_completions_to_print=2, save_steps=0, eval_steps=1)
+    trainer = RLOOTrainer(model=make_model(), reward_funcs=[digit_fraction], args=args,
+                          train_dataset=digit_dataset, eval_dataset=digit_dataset.select(range(8)),
+                          processing_class=tokenizer)
+    metrics = trainer.train()
+    assert "eval/reward" in metrics
+    out = capsys.readouterr().out
+    assert "Sample completions at step 2" in out and "eval/reward" in out
+    rows = (tmp_path / "trl" / "completions.jsonl").read_text().splitlines()
+    assert len(rows) == 4 and {"prompt", "completion", "score", "advantage"} <= json.loads(rows[0]).keys()
+    logged = json.loads((tmp_path / "trl" / "metrics.jsonl").read_text().splitlines()[0])
+    for name in ["eps", "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
+                 "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg",
+                 "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr", "episode",
+                 "reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio"]:
+        assert name in logged, name
+    assert not any(key.startswith("val/clipfrac") or "value" in key for key in logged)  # no critic
+
+
+def test_reward_function_errors(tmp_path, make_model, tokenizer, digit_dataset):
+    def needs_tests(completions, tests):
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardError, match="requires \\['tests'\\]"):
+        RLOOTrainer(make_model(), needs_tests, args=_config(tmp_path), train_dataset=digit_dataset, processing_class=tokenizer)
+
+    def one_value(completions, **kwargs):
+        return [1.0]
+
+    trainer = RLOOTrainer(make_model(), one_value, args=_config(tmp_path), train_dataset=digit_dataset, processing_class=tokenizer)
+    with pytest.raises(RewardError, match="returned 1 values for 8 completions"):
+        trainer.train()
+    with pytest.raises(ValueError, match="same argument"):
+        RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
+                    processing_class=tokenizer, reward_model=digit_fraction)
+
+
+def test_dataset_errors(tmp_path, make_model, tokenizer, digit_dataset):
+    with pytest.raises(ValueError, match="no 'prompt' column"):
+        RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), processing_class=tokenizer,
+                    train_dataset=digit_dataset.rename_column("prompt", "question"))
+    with pytest.raises(ValueError, match="one optimizer step needs"):
+        RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=4 * 100),
+                    train_dataset=digit_dataset, processing_class=tokenizer)
