@@ -122,6 +122,7 @@ class RLOOTrainer:
             raise ValueError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
         if train_dataset is None:
             raise ValueError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
+        self._check_dataset(train_dataset, "train_dataset")
         self.args = args = args if args is not None else RLOOConfig()
 
         self.accelerator = Accelerator(
@@ -177,7 +178,8 @@ class RLOOTrainer:
         # --- data and rewards ---
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
-        self._check_dataset(train_dataset, "train_dataset")
+        if eval_dataset is not None:
+            self._check_dataset(eval_dataset, "eval_dataset")
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         self.reward_functions = [RewardFunction.wrap(f) for f in funcs]
         available = set(TRAINER_ARGUMENTS) | (set(train_dataset.column_names) - {"prompt"})

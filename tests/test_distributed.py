@@ -1,0 +1,40 @@
+"""Two processes with accelerate on CPU: whole groups per process, global counts, weights in sync."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_keep_groups_whole_and_weights_in_sync(tmp_path):
+    script = Path(__file__).with_name("distributed_run.py")
+    # On CPU, accelerate runs multi-process (gloo) under torchrun when ACCELERATE_USE_CPU is set.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+         str(script), str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["num_processes"] == 2 for r in ranks)
+    for rank in ranks:
+        for prompts in rank["seen"]:  # each call scores this process's whole step: 2 groups of K=4
+            assert len(prompts) == 8
+            assert len(set(prompts[:4])) == 1 and len(set(prompts[4:])) == 1
+    for step in range(3):  # the two processes draw different prompts
+        assert set(ranks[0]["seen"][step]).isdisjoint(ranks[1]["seen"][step])
+    assert ranks[0]["episode"] == ranks[1]["episode"] == 3 * 8 * 2  # episodes count both processes
+    assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)  # DDP kept weights equal
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3  # only the main process writes
