@@ -38,3 +38,5 @@ def test_two_processes_keep_groups_whole_and_weights_in_sync(tmp_path):
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)  # DDP kept weights equal
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3  # only the main process writes
+    # The linear schedule decays once per optimizer step, not once per process: 1e-2 * (3 - step) / 3.
+    assert [json.loads(line)["lr"] for line in lines] == pytest.approx([1e-2 * 2 / 3, 1e-2 / 3, 0.0])

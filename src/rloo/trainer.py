@@ -129,6 +129,9 @@ class RLOOTrainer:
             mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
             log_with=None if args.report_to == "none" else args.report_to,
             project_dir=args.output_dir,
+            # Our schedule counts global optimizer steps; by default accelerate would step it once
+            # per process per step and decay the learning rate num_processes times too fast.
+            step_scheduler_with_optimizer=False,
         )
         set_seed(args.seed)
 
