@@ -67,6 +67,14 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _parse_mapping(text: str) -> dict:
+    """A flag holding a mapping, written in YAML or JSON: '{"enable_thinking": false}'."""
+    value = yaml.safe_load(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a mapping such as '{{\"key\": value}}', got {text!r}")
+    return value
+
+
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
     group = parser.add_argument_group(title)
     docs = field_docs(cls)
@@ -77,6 +85,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str)
         base = next((a for a in args if a is not type(None)), hint) if args and type(None) in args else hint
         if typing.get_origin(base) is list:
             kwargs.update(nargs="+", type=typing.get_args(base)[0])
+        elif typing.get_origin(base) is dict:
+            kwargs.update(type=_parse_mapping, metavar="YAML")
         elif base is bool:
             kwargs.update(nargs="?", const=True, type=_parse_bool, metavar="BOOL")
         else:
