@@ -5,7 +5,6 @@ import json
 import logging
 
 import pytest
-import torch
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer

@@ -61,8 +61,9 @@ def test_none_leaves_a_function_out_and_unscored_samples_are_invalid():
     assert math.isnan(scored.per_function[1, 0]) and scored.per_function[0, 1] == 3.0
     metrics = reward_function_metrics(["only_even", "only_first"], scored.per_function)
     assert metrics == {"rewards/only_even/mean": 1.0, "rewards/only_even/std": 0.0,
-                       "rewards/only_first/mean": 3.0, "rewards/only_first/std": 0.0}  # over scored samples, no NaN
-    assert reward_function_metrics(["never"], torch.full((4, 1), float("nan"))) == {}
+                       "rewards/only_first/mean": 3.0, "rewards/only_first/std": 0.0,  # over scored samples, no NaN
+                       "rewards/unscored_frac": 0.5}
+    assert reward_function_metrics(["never"], torch.full((4, 1), float("nan"))) == {"rewards/unscored_frac": 1.0}
 
 
 def test_async_functions_run_concurrently_and_trainer_state_is_opt_in():

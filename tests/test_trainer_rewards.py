@@ -75,6 +75,7 @@ def test_unscored_completions_get_zero_advantage_and_leave_the_baseline(tmp_path
     trainer.train()
     logged = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert all(value == value for value in logged.values())  # no NaN anywhere
+    assert logged["rewards/unscored_frac"] == pytest.approx(4 / 8)
 
 
 def test_a_failing_reward_stops_training_naming_function_step_and_sample(tmp_path, make_model, tokenizer):

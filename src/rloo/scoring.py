@@ -155,12 +155,13 @@ def score_completions(
 
 
 def reward_function_metrics(names: Sequence[str], per_function: torch.Tensor) -> dict[str, float]:
-    """`rewards/{name}/mean` and `/std` of each function over the samples it scored (NaN marks None).
+    """`rewards/{name}/mean` and `/std` of each function over the samples it scored (NaN marks None),
+    and `rewards/unscored_frac`, the fraction of samples no function scored (they sit out of learning).
 
     A function that scored no sample logs nothing rather than NaN; the std is the population std,
     so a single scored sample gives 0, not NaN.
     """
-    metrics: dict[str, float] = {}
+    metrics = {"rewards/unscored_frac": per_function.isnan().all(dim=1).float().mean().item()}
     for name, column in zip(names, per_function.unbind(dim=1)):
         scored = column[~column.isnan()]
         if scored.numel() == 0:
