@@ -41,7 +41,10 @@ class ScriptArguments:
     eval_split: str | None = None
     """Split scored as eval_dataset (eval/reward); none by default."""
     reward_funcs: list[str] = field(default_factory=list)
-    """Reward functions: built-in names (e.g. exact_match) or `module:function` / `file.py:function` paths."""
+    """Reward functions, weighted by --reward_weights: built-in names (exact_match, math_accuracy,
+    think_format, code_execution), built-in factories with arguments (length_penalty:target_length=128,
+    thinking_answer_reward), reward models (model:path/or/id, or a local directory with config.json),
+    or `module:function` / `file.py:function` paths."""
     use_peft: bool = False
     """Train LoRA adapters instead of all weights; the reference is the model with adapters disabled."""
     lora_r: int = 16
@@ -67,6 +70,14 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _parse_mapping(text: str) -> dict:
+    """A flag holding a mapping, written in YAML or JSON: '{"enable_thinking": false}'."""
+    value = yaml.safe_load(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a mapping such as '{{\"key\": value}}', got {text!r}")
+    return value
+
+
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
     group = parser.add_argument_group(title)
     docs = field_docs(cls)
@@ -77,6 +88,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str)
         base = next((a for a in args if a is not type(None)), hint) if args and type(None) in args else hint
         if typing.get_origin(base) is list:
             kwargs.update(nargs="+", type=typing.get_args(base)[0])
+        elif typing.get_origin(base) is dict:
+            kwargs.update(type=_parse_mapping, metavar="YAML")
         elif base is bool:
             kwargs.update(nargs="?", const=True, type=_parse_bool, metavar="BOOL")
         else:
@@ -136,15 +149,36 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ScriptArguments, RLOOConfig, 
     return script, config, resume
 
 
-def resolve_reward_func(spec: str) -> Callable:
-    """A built-in name, `package.module:function`, or `path/to/file.py:function`."""
-    from .rewards import BUILTIN_REWARDS
+REWARD_MODEL_PREFIX = "model:"
+
+
+def resolve_reward_func(spec: str, tokenizer: Any = None) -> Callable | str:
+    """One --reward_funcs entry as a reward function, or as a reward model's path for the trainer to load.
+
+    Accepted forms:
+      exact_match                          a built-in (rloo.rewards.BUILTIN_REWARDS)
+      length_penalty:target_length=128     a built-in factory with arguments (values parsed as YAML);
+                                           a factory's `tokenizer` argument gets `tokenizer`
+      model:path/or/id                     a reward model (AutoModelForSequenceClassification, num_labels=1);
+                                           a local directory holding config.json needs no prefix
+      package.module:function              a function in an importable module
+      path/to/file.py:function             a function in a file
+    """
+    from .rewards import BUILTIN_REWARD_FACTORIES, BUILTIN_REWARDS
 
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
+    name, _, arguments = spec.partition(":")
+    if name in BUILTIN_REWARD_FACTORIES:
+        return _build_factory_reward(name, arguments, tokenizer)
+    if spec.startswith(REWARD_MODEL_PREFIX):
+        return spec[len(REWARD_MODEL_PREFIX):]
+    if (Path(spec) / "config.json").is_file():
+        return spec
     if ":" not in spec:
-        raise ConfigError(f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARDS)}) "
-                          f"nor a `module:function` path.")
+        raise ConfigError(f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARDS)}), a built-in "
+                          f"factory ({sorted(BUILTIN_REWARD_FACTORIES)}), a reward model (model:path) nor a "
+                          f"`module:function` path.")
     module_name, func_name = spec.rsplit(":", 1)
     if module_name.endswith(".py"):
         module_spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
@@ -157,6 +191,28 @@ def resolve_reward_func(spec: str) -> Callable:
     if not hasattr(module, func_name):
         raise ConfigError(f"{module_name} has no function `{func_name}`.")
     return getattr(module, func_name)
+
+
+def _build_factory_reward(name: str, arguments: str, tokenizer: Any) -> Callable:
+    """`length_penalty:target_length=128,scale=64` -> length_penalty(target_length=128, scale=64)."""
+    import inspect
+
+    from .rewards import BUILTIN_REWARD_FACTORIES
+
+    factory = BUILTIN_REWARD_FACTORIES[name]
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, arguments.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise ConfigError(f"reward {name}: expected key=value arguments after ':', got {item!r}.")
+        kwargs[key.strip()] = yaml.safe_load(value)
+    if "tokenizer" in inspect.signature(factory).parameters:
+        kwargs["tokenizer"] = tokenizer
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as error:
+        raise ConfigError(f"reward {name}: {error}. Its arguments: {inspect.signature(factory)}.") from None
+    return factory(**kwargs)
 
 
 def run_train(argv: Sequence[str]) -> None:
@@ -178,10 +234,14 @@ def run_train(argv: Sequence[str]) -> None:
         peft_config = LoraConfig(r=script.lora_r, lora_alpha=script.lora_alpha, lora_dropout=script.lora_dropout,
                                  target_modules=targets[0] if targets == ["all-linear"] else targets,
                                  task_type="CAUSAL_LM")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(script.model_name_or_path)  # also for rewards that read token ids
     trainer = RLOOTrainer(
         model=script.model_name_or_path,
-        reward_funcs=[resolve_reward_func(spec) for spec in script.reward_funcs],
+        reward_funcs=[resolve_reward_func(spec, tokenizer) for spec in script.reward_funcs],
         args=config,
+        processing_class=tokenizer,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         peft_config=peft_config,

@@ -45,6 +45,7 @@ LR_SCHEDULERS = (
 )
 OPTIMIZERS = ("adamw_torch", "adamw_8bit")
 REPORT_TO = ("none", "tensorboard", "wandb")
+TRUNCATE_PROMPTS = ("left", "error")
 
 
 class ConfigError(ValueError):
@@ -109,7 +110,13 @@ class RLOOConfig:
 
     # --- sampling ---
     max_prompt_length: int = 512
-    """Prompts longer than this many tokens are truncated from the left (keeping their end)."""
+    """Most tokens of a prompt (after the chat template); what happens to longer ones is truncate_prompts."""
+    truncate_prompts: str = "left"
+    """What to do with prompts longer than max_prompt_length: "left" truncates them from the left,
+    keeping their end, with one warning that counts them; "error" stops with the row and its length."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra arguments for the tokenizer's chat template when rendering conversational prompts,
+    e.g. {"enable_thinking": false} for Qwen3."""
     max_completion_length: int = 256
     """Most tokens sampled per completion; a completion that reaches it without EOS is truncated.
     TRL v0 called it response_length."""
@@ -277,6 +284,11 @@ def _validate(c: RLOOConfig) -> None:
     require(c.eval_steps >= 0, f"eval_steps must be >= 0, got {c.eval_steps!r}.")
     require(c.reward_weights is None or (len(c.reward_weights) > 0 and all(isinstance(w, (int, float)) for w in c.reward_weights)),
             f"reward_weights must be a non-empty list of numbers or unset, got {c.reward_weights!r}.")
+    require(c.truncate_prompts in TRUNCATE_PROMPTS,
+            f"truncate_prompts must be one of {TRUNCATE_PROMPTS}, got {c.truncate_prompts!r}.")
+    require(c.chat_template_kwargs is None or isinstance(c.chat_template_kwargs, dict),
+            f"chat_template_kwargs must be a mapping of argument names to values or unset, got "
+            f"{c.chat_template_kwargs!r}.")
     require(c.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO}, got {c.report_to!r}.")
 
 

@@ -1,11 +1,24 @@
 """Built-in reward functions. Each has the reward-function shape the trainer calls:
-`f(prompts, completions, completion_ids, **columns) -> list[float]`, taking what it names.
+`f(prompts, completions, completion_ids, **columns) -> list[float | None]`, taking what it names.
+
+Completions are strings for standard prompts and `[{"role": "assistant", "content": text}]` for
+conversational ones; every built-in accepts both. `BUILTIN_REWARDS` holds the ready-made functions
+(`--reward_funcs exact_match`); `BUILTIN_REWARD_FACTORIES` the ones configured with arguments
+(`--reward_funcs length_penalty:target_length=128`; see `rloo.cli.resolve_reward_func`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
-from typing import Callable
+from typing import Any, Callable
+
+from .sandbox import run_tests
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: the string itself, or the last message's content."""
+    return completion[-1]["content"] if isinstance(completion, list) else completion
 
 
 def _normalize(text: str) -> str:
@@ -16,13 +29,162 @@ def _normalize(text: str) -> str:
 def exact_match(completions: list, answer: list, **kwargs) -> list[float]:
     """1.0 where the completion equals the `answer` column after light normalisation, else 0.0.
 
+    Normalisation trims, collapses white space, drops a trailing period and lower-cases.
+
     Example: exact_match(["  42. "], answer=["42"]) == [1.0]. Conversational completions
     (lists of messages) are compared by their last message's content.
     """
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [float(_normalize(t) == _normalize(a)) for t, a in zip(texts, answer)]
+    return [float(_normalize(completion_text(c)) == _normalize(a)) for c, a in zip(completions, answer)]
+
+
+def math_accuracy(completions: list, answer: list, **kwargs) -> list[float | None]:
+    """1.0 where math-verify finds the completion's answer equal to the `answer` column, else 0.0.
+
+    The completion's answer is its last `\\boxed{...}` or, failing that, a LaTeX or plain
+    expression math-verify can parse; equivalent forms match (`\\frac{1}{2}` and `0.5`).
+    A gold answer that math-verify cannot parse gives None: the row is not scored by this
+    function rather than punished.
+
+    Example: math_accuracy(["so the result is \\\\boxed{\\\\frac{1}{2}}"], answer=["0.5"]) == [1.0]
+    """
+    from math_verify import parse, verify
+
+    rewards: list[float | None] = []
+    for completion, gold in zip(completions, answer):
+        gold_parsed = parse(str(gold))
+        if not gold_parsed:
+            rewards.append(None)
+            continue
+        rewards.append(float(verify(gold_parsed, parse(completion_text(completion)))))
+    return rewards
+
+
+_THINK_FORMAT = re.compile(r"^\s*<think>(?:(?!<think>|</think>).)*</think>\s*\S", re.DOTALL)
+
+
+def think_format(completions: list, **kwargs) -> list[float]:
+    """1.0 where the completion opens with one well-formed `<think>...</think>` block followed by an answer.
+
+    The tags must survive decoding: with a tokenizer that treats them as special tokens (which
+    `skip_special_tokens=True` drops), use `thinking_answer_reward`, which reads token ids.
+
+    Example: think_format(["<think>2+2 is 4</think> 4", "4", "<think>no end"]) == [1.0, 0.0, 0.0]
+    """
+    return [float(bool(_THINK_FORMAT.match(completion_text(c)))) for c in completions]
+
+
+def thinking_answer_reward(tokenizer: Any, think_end_token: str = "</think>", unclosed_reward: float = 0.0,
+                           score: Callable[[str, str], float] | None = None) -> Callable[..., list[float]]:
+    """A reward that scores only what follows the reasoning, found by the `</think>` token id.
+
+    The id is looked up in `tokenizer` (151668 for Qwen3; no hard-coded ids), and a tokenizer
+    without that token is an error here, at construction. For each completion the reward finds
+    the *last* `</think>` id in `completion_ids`, decodes the tokens after it as the answer, and
+    returns `score(answer_text, answer)` (default: 1.0 on a normalised exact match). A completion
+    without a closed think block gets `unclosed_reward`.
+
+    Example:
+        >>> reward = thinking_answer_reward(tokenizer)
+        >>> ids = tokenizer("<think>2+2 is 4</think>4", add_special_tokens=False)["input_ids"]
+        >>> reward(completion_ids=[ids], answer=["4"])
+        [1.0]
+    """
+    think_end_id = tokenizer.get_vocab().get(think_end_token)
+    if think_end_id is None:
+        raise ValueError(f"the tokenizer has no {think_end_token!r} token, so thinking_answer_reward cannot find "
+                         f"where the reasoning ends. Use a tokenizer with thinking tokens (e.g. Qwen3) or pass "
+                         f"think_end_token=<its end-of-reasoning token>.")
+    score = score or (lambda text, gold: float(_normalize(text) == _normalize(gold)))
+
+    def thinking_answer(completion_ids: list, answer: list, **kwargs) -> list[float]:
+        rewards = []
+        for ids, gold in zip(completion_ids, answer):
+            ids = list(ids)
+            if think_end_id not in ids:
+                rewards.append(unclosed_reward)
+                continue
+            boundary = len(ids) - 1 - ids[::-1].index(think_end_id)  # the last </think>
+            text = tokenizer.decode(ids[boundary + 1 :], skip_special_tokens=True)
+            rewards.append(float(score(text, gold)))
+        return rewards
+
+    thinking_answer.think_end_id = think_end_id
+    return thinking_answer
+
+
+def length_penalty(target_length: int, scale: float | None = None) -> Callable[..., list[float]]:
+    """A reward of -|tokens - target_length| / scale: 0 at the target, falling linearly either side.
+
+    Lengths count `completion_ids` (tokens, the EOS included when sampled). `scale` defaults to
+    `target_length`, so a completion twice too long scores -1. Weigh it against a correctness
+    reward with `reward_weights`.
+
+    Example:
+        >>> length_penalty(target_length=4)(completion_ids=[[1, 2, 3, 4], [1, 2]])
+        [0.0, -0.5]
+    """
+    if not isinstance(target_length, int) or target_length < 1:
+        raise ValueError(f"length_penalty needs a positive integer target_length, got {target_length!r}.")
+    scale = float(scale if scale is not None else target_length)
+
+    def length_penalty_reward(completion_ids: list, **kwargs) -> list[float]:
+        return [-abs(len(ids) - target_length) / scale for ids in completion_ids]
+
+    return length_penalty_reward
+
+
+_CODE_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(text: str) -> str:
+    """The code of a completion: its ```python fenced blocks joined, or the whole text if it has none."""
+    blocks = _CODE_FENCE.findall(text)
+    return "\n\n".join(blocks) if blocks else text
+
+
+def _as_test_list(tests: Any) -> list[str]:
+    """A `tests` cell as a list of snippets: a list as it is, a string as one test per non-empty line."""
+    if isinstance(tests, str):
+        return [line for line in tests.splitlines() if line.strip()]
+    return [str(test) for test in tests]
+
+
+def code_execution(completions: list, tests: list, timeout_s: float = 5.0, memory_mb: int = 512,
+                   **kwargs) -> list[float]:
+    """The fraction of the row's `tests` that the completion's code passes, run in a sandboxed process.
+
+    The code is the completion's ```python blocks (or the whole completion); `tests` is a list
+    of snippets such as `assert add(2, 3) == 5`, or a string with one per line. Each completion
+    runs in its own process (see `rloo.sandbox` for what is enforced and what is not) with a
+    wall-clock timeout, a memory limit, no sockets and no writes outside a temporary directory.
+    A completion that hangs, exhausts memory, or breaks those rules fails the affected tests and
+    training goes on. Rows without tests get None (not scored).
+
+    Example:
+        >>> code_execution(["```python\\ndef add(a, b):\\n    return a + b\\n```"],
+        ...                tests=[["assert add(2, 3) == 5", "assert add(0, 0) == 1"]])
+        [0.5]
+    """
+    def score(completion: Any, row_tests: Any) -> float | None:
+        snippets = _as_test_list(row_tests) if row_tests is not None else []
+        if not snippets:
+            return None
+        return run_tests(extract_code(completion_text(completion)), snippets, timeout_s, memory_mb).fraction
+
+    # Each run waits on its own process, so threads overlap them.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(score, completions, tests))
 
 
 BUILTIN_REWARDS: dict[str, Callable] = {
     "exact_match": exact_match,
+    "math_accuracy": math_accuracy,
+    "think_format": think_format,
+    "code_execution": code_execution,
+}
+
+# Built-ins configured with arguments; a `tokenizer` argument receives the policy's tokenizer.
+BUILTIN_REWARD_FACTORIES: dict[str, Callable[..., Callable]] = {
+    "length_penalty": length_penalty,
+    "thinking_answer_reward": thinking_answer_reward,
 }

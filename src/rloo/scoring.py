@@ -3,11 +3,19 @@
 A reward function has TRL's shape, `f(prompts, completions, completion_ids, **columns)`, where
 columns are the dataset's other columns (e.g. `answer`). Functions with narrower signatures
 (`length_reward(completions, prompts=None)`) get only the arguments they name; a required
-argument that nobody can supply is an error at construction, not at step 1000.
+argument that nobody can supply is an error at construction, not at step 1000. `trainer_state`
+(the step and episode) is passed only to functions that name it, not through `**kwargs`.
+
+A function may be `async def`: the async functions of a batch run concurrently on one event
+loop. It may return `None` for a sample it does not apply to; that sample's weighted sum leaves
+the function out, and a sample that no function scores is *invalid*: it gets advantage 0 and no
+part in its group's baseline (see `advantages.leave_one_out_advantages`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import inspect
 import math
 import numbers
@@ -16,10 +24,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-RewardFunc = Callable[..., Sequence[float]]
+RewardFunc = Callable[..., Sequence[float | None]]
 
 # Arguments the trainer supplies besides the dataset's columns.
 TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids")
+# Supplied only to functions that name them: they are not per-completion lists.
+OPT_IN_ARGUMENTS = ("trainer_state",)
 
 
 class RewardError(RuntimeError):
@@ -35,38 +45,83 @@ class RewardFunction:
     accepts_any: bool = False  # it takes **kwargs
     accepted: frozenset[str] = field(default_factory=frozenset)
     required: frozenset[str] = field(default_factory=frozenset)
+    is_async: bool = False
 
     @classmethod
-    def wrap(cls, func: RewardFunc) -> "RewardFunction":
+    def wrap(cls, func: RewardFunc, name: str | None = None) -> "RewardFunction":
         if not callable(func):
             raise TypeError(
                 f"reward function {func!r} is not callable; pass a function "
                 f"f(prompts, completions, completion_ids, **columns) -> list[float]."
             )
-        name = getattr(func, "__name__", type(func).__name__)
+        name = name or getattr(func, "__name__", type(func).__name__)
         params = inspect.signature(func).parameters.values()
         accepts_any = any(p.kind is p.VAR_KEYWORD for p in params)
         named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
         return cls(
             func=func,
             name=name,
             accepts_any=accepts_any,
             accepted=frozenset(p.name for p in named),
             required=frozenset(p.name for p in named if p.default is p.empty),
+            is_async=is_async,
         )
 
     def check_available(self, available: set[str]) -> None:
-        missing = sorted(self.required - available)
+        missing = sorted(self.required - available - set(OPT_IN_ARGUMENTS))
         if missing:
             raise RewardError(
                 f"reward function `{self.name}` requires {missing}, which neither the trainer "
-                f"({', '.join(TRAINER_ARGUMENTS)}) nor the dataset's columns ({sorted(available - set(TRAINER_ARGUMENTS))}) "
-                f"provide. Add the column to the dataset or give the parameter a default."
+                f"({', '.join(TRAINER_ARGUMENTS + OPT_IN_ARGUMENTS)}) nor the dataset's columns "
+                f"({sorted(available - set(TRAINER_ARGUMENTS))}) provide. Add the column to the dataset or give "
+                f"the parameter a default."
             )
 
-    def __call__(self, arguments: dict[str, Any]) -> list[float]:
-        kwargs = arguments if self.accepts_any else {k: v for k, v in arguments.items() if k in self.accepted}
-        return list(self.func(**kwargs))
+    def keyword_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The subset of `arguments` this function takes."""
+        return {k: v for k, v in arguments.items()
+                if k in self.accepted or (self.accepts_any and k not in OPT_IN_ARGUMENTS)}
+
+    def __call__(self, arguments: dict[str, Any]) -> Any:
+        """Call the function; an async function returns its coroutine."""
+        return self.func(**self.keyword_arguments(arguments))
+
+
+def build_reward_functions(reward_funcs: Any, reward_processing_classes: Any = None,
+                           device: Any = None) -> list[RewardFunction]:
+    """Wrap every reward: callables as they are; model ids, paths and PreTrainedModels as `RewardModel`s.
+
+    `reward_processing_classes` (one tokenizer, or a list aligned with `reward_funcs` with None
+    for plain functions) gives the reward models' tokenizers; a missing one is loaded from the model.
+    """
+    from transformers import PreTrainedModel
+
+    from .reward_models import as_reward_model
+
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if reward_processing_classes is None or not isinstance(reward_processing_classes, (list, tuple)):
+        tokenizers = [reward_processing_classes] * len(funcs)
+    else:
+        tokenizers = list(reward_processing_classes)
+    if len(tokenizers) != len(funcs):
+        raise ValueError(f"reward_processing_classes has {len(tokenizers)} entries for {len(funcs)} reward functions; "
+                         f"give one per reward function (None for plain functions).")
+    wrapped = []
+    for func, tokenizer in zip(funcs, tokenizers):
+        if isinstance(func, (str, PreTrainedModel)):
+            func = as_reward_model(func, tokenizer=tokenizer, device=device)
+        wrapped.append(RewardFunction.wrap(func))
+    return wrapped
+
+
+@dataclass
+class ScoredBatch:
+    """What the reward functions made of a batch of B completions."""
+
+    scores: torch.Tensor  # (B,) weighted sum over the functions that scored each sample; 0 if none did
+    per_function: torch.Tensor  # (B, F) each function's reward, NaN where it returned None
+    valid: torch.Tensor  # (B,) bool: at least one function scored the sample
 
 
 def score_completions(
@@ -74,34 +129,157 @@ def score_completions(
     weights: Sequence[float],
     arguments: dict[str, Any],
     num_completions: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run every reward function on a batch and combine them with their weights.
+    step: int = 0,
+) -> ScoredBatch:
+    """Run every reward function on a batch, check each value, and combine them with their weights.
 
     Args:
         reward_functions: the wrapped functions.
         weights: one weight per function.
-        arguments: keyword arguments for the functions (prompts, completions, completion_ids, columns),
-            each a list of length num_completions.
+        arguments: keyword arguments for the functions (prompts, completions, completion_ids, columns,
+            trainer_state); the per-completion ones are lists of length num_completions.
         num_completions: B, the number of completions scored.
+        step: the optimizer step, named in error messages.
 
-    Returns:
-        (B,) weighted scores and (B, F) per-function rewards.
+    Raises:
+        RewardError: naming the function, the step and the sample, when a function raises or
+            returns a wrong count, a non-number, NaN or inf.
     """
-    columns = []
-    for fn in reward_functions:
-        values = fn(arguments)
-        if len(values) != num_completions:
-            raise RewardError(
-                f"reward function `{fn.name}` returned {len(values)} values for {num_completions} completions; "
-                f"it must return exactly one number per completion (nothing is broadcast)."
-            )
-        for index, value in enumerate(values):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-                raise RewardError(
-                    f"reward function `{fn.name}` returned {value!r} for completion {index}; "
-                    f"rewards must be finite numbers."
-                )
-        columns.append(torch.tensor([float(v) for v in values], dtype=torch.float32))
+    outputs = _call_all(reward_functions, arguments, step)
+    columns = [_checked_column(fn, values, arguments, num_completions, step)
+               for fn, values in zip(reward_functions, outputs)]
     per_function = torch.stack(columns, dim=1)  # (B, F)
-    scores = (per_function * torch.tensor(weights, dtype=torch.float32)).sum(dim=1)  # (B,)
-    return scores, per_function
+    scored = ~per_function.isnan()
+    weighted = torch.where(scored, per_function, torch.zeros_like(per_function)) * torch.tensor(weights, dtype=torch.float32)
+    return ScoredBatch(scores=weighted.sum(dim=1), per_function=per_function, valid=scored.any(dim=1))
+
+
+def reward_function_metrics(names: Sequence[str], per_function: torch.Tensor) -> dict[str, float]:
+    """`rewards/{name}/mean` and `/std` of each function over the samples it scored (NaN marks None),
+    and `rewards/unscored_frac`, the fraction of samples no function scored (they sit out of learning).
+
+    A function that scored no sample logs nothing rather than NaN; the std is the population std,
+    so a single scored sample gives 0, not NaN.
+    """
+    metrics = {"rewards/unscored_frac": per_function.isnan().all(dim=1).float().mean().item()}
+    for name, column in zip(names, per_function.unbind(dim=1)):
+        scored = column[~column.isnan()]
+        if scored.numel() == 0:
+            continue
+        metrics[f"rewards/{name}/mean"] = scored.mean().item()
+        metrics[f"rewards/{name}/std"] = scored.std(unbiased=False).item()
+    return metrics
+
+
+# ------------------------------------------------------------------ calling and checking
+
+
+def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, Any], step: int) -> list[Any]:
+    """Outputs of every function, in order: plain ones called in turn, async ones awaited together."""
+    outputs: list[Any] = [None] * len(reward_functions)
+    pending: dict[int, Any] = {}
+    for index, fn in enumerate(reward_functions):
+        try:
+            result = fn(arguments)
+        except Exception as error:
+            raise _raised_error(fn, arguments, step, error) from error
+        if inspect.isawaitable(result):
+            pending[index] = result
+        else:
+            outputs[index] = result
+    if pending:
+        results = _run_coroutines(list(pending.values()))
+        for (index, fn), result in zip(((i, reward_functions[i]) for i in pending), results):
+            if isinstance(result, BaseException):
+                raise _raised_error(fn, arguments, step, result) from result
+            outputs[index] = result
+    return outputs
+
+
+def _run_coroutines(awaitables: list[Any]) -> list[Any]:
+    """Await all concurrently; exceptions are returned, not raised, so each is blamed on its function."""
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(*awaitables, return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: no loop running in this thread
+        return asyncio.run(gather())
+    # Called from inside a running loop (a notebook): run ours on a thread of its own.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, gather()).result()
+
+
+def _checked_column(fn: RewardFunction, values: Any, arguments: dict[str, Any], num_completions: int,
+                    step: int) -> torch.Tensor:
+    """(B,) float rewards with NaN for None, after checking the count and every value."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise RewardError(
+            f"reward function `{fn.name}` returned a {type(values).__name__} at step {step}; it must return a "
+            f"list with one number (or None) per completion."
+        )
+    values = values.tolist() if hasattr(values, "tolist") else list(values)  # tensors, numpy arrays
+    if len(values) != num_completions:
+        raise RewardError(
+            f"reward function `{fn.name}` returned {len(values)} values for {num_completions} completions at "
+            f"step {step}; it must return exactly one number (or None) per completion (nothing is broadcast)."
+        )
+    for index, value in enumerate(values):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            problem = f"{value!r} (a {type(value).__name__}, not a number)"
+        elif not math.isfinite(value):
+            problem = repr(float(value))
+        else:
+            continue
+        raise RewardError(
+            f"reward function `{fn.name}` returned {problem} for sample {index} at step {step}; rewards must be "
+            f"finite numbers, or None where the function does not apply.\n{_describe_sample(arguments, index)}"
+        )
+    return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
+
+
+def _raised_error(fn: RewardFunction, arguments: dict[str, Any], step: int, error: BaseException) -> RewardError:
+    """A RewardError for a function that raised, naming the sample that makes it raise if one does."""
+    index = None if fn.is_async else _first_failing_sample(fn, arguments)
+    where = (f"on sample {index}" if index is not None
+             else "on the batch (no single sample reproduces it)" if not fn.is_async else "on the batch")
+    sample = f"\n{_describe_sample(arguments, index)}" if index is not None else ""
+    return RewardError(f"reward function `{fn.name}` raised {type(error).__name__}: {error} at step {step}, "
+                       f"{where}.{sample}")
+
+
+def _first_failing_sample(fn: RewardFunction, arguments: dict[str, Any]) -> int | None:
+    """Re-call a batch function on one sample at a time to find the first that makes it raise.
+
+    Only runs after the function already failed, so the extra calls cost nothing in normal training.
+    """
+    num_completions = len(arguments.get("completions", []))
+    for index in range(num_completions):
+        single = {k: v[index : index + 1] if isinstance(v, list) and len(v) == num_completions else v
+                  for k, v in arguments.items()}
+        try:
+            fn(single)
+        except Exception:
+            return index
+    return None
+
+
+def shorten(text: Any, limit: int = 200) -> str:
+    """`text` as one line of at most about `limit` characters, keeping its start and end."""
+    if isinstance(text, list):  # conversational: the messages' contents
+        text = " | ".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in text if isinstance(m, dict))
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
+
+
+def _describe_sample(arguments: dict[str, Any], index: int) -> str:
+    prompts, completions = arguments.get("prompts", []), arguments.get("completions", [])
+    prompt = shorten(prompts[index]) if index < len(prompts) else "?"
+    completion = shorten(completions[index]) if index < len(completions) else "?"
+    return f"  prompt:     {prompt}\n  completion: {completion}"

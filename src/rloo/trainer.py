@@ -39,9 +39,10 @@ from .data import PromptSchedule, select_rows
 from .kl import kl_penalized_reward, sequence_kl
 from .logprobs import completion_logprobs
 from .loss import clipped_sequence_loss
+from .prompts import as_completions, check_prompt_dataset, check_prompt_lengths, tokenize_prompts
 from .reporting import JsonlSink, MetricsWindow, completions_table, format_metrics, print_table, write_completions
 from .sampling import GenerateSampler, Sampler
-from .scoring import TRAINER_ARGUMENTS, RewardFunction, score_completions
+from .scoring import TRAINER_ARGUMENTS, build_reward_functions, reward_function_metrics, score_completions
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class Rollout:
     completion_mask: torch.Tensor  # (B, C) 1 up to and including EOS
     old_logps: torch.Tensor | None  # (B, C) log-probs at sampling time; None when unused
     scores: torch.Tensor  # (B,) weighted reward-function scores
+    reward_columns: torch.Tensor  # (B, F) each reward function's value, NaN where it returned None
     seq_kl: torch.Tensor  # (B,) sequence KL to the reference (zeros when beta == 0)
     rewards: torch.Tensor  # (B,) scores - beta * seq_kl
     advantages: torch.Tensor  # (B,) leave-one-out advantages
@@ -81,6 +83,7 @@ class Rollout:
             completion_mask=completion_mask[:, :last],
             old_logps=None if self.old_logps is None else self.old_logps[rows, :last],
             scores=self.scores[rows],
+            reward_columns=self.reward_columns[rows],
             seq_kl=self.seq_kl[rows],
             rewards=self.rewards[rows],
             advantages=self.advantages[rows],
@@ -94,14 +97,19 @@ class RLOOTrainer:
     Args:
         model: a model id or local path (loaded with AutoModelForCausalLM) or a PreTrainedModel.
         reward_funcs: a callable or list of callables `f(prompts, completions, completion_ids, **columns)`
-            returning one float per completion. Each receives only the arguments its signature names.
+            returning one float (or None: does not apply) per completion. Each receives only the
+            arguments its signature names. A string (model id or path) or a PreTrainedModel is a
+            reward model (AutoModelForSequenceClassification, num_labels=1); see `reward_models`.
         args: the RLOOConfig.
-        train_dataset: a `datasets.Dataset` with a "prompt" column; other columns reach reward functions.
+        train_dataset: a `datasets.Dataset` with a "prompt" column (strings, or lists of chat messages);
+            other columns reach reward functions.
         eval_dataset: optional prompts scored during and after training (eval/reward).
         processing_class: the tokenizer; loaded from `model` when None.
         peft_config: a peft config; the policy trains adapters and the reference is the model with
             adapters disabled, so no second copy of the weights is kept.
         reward_model: the name seed scripts use for `reward_funcs`; give one or the other.
+        reward_processing_classes: the reward models' tokenizers: one, or a list aligned with
+            `reward_funcs` (None for plain functions); loaded from each reward model when None.
     """
 
     def __init__(
@@ -114,6 +122,7 @@ class RLOOTrainer:
         processing_class: Any = None,
         peft_config: Any = None,
         reward_model: Callable | Sequence[Callable] | None = None,
+        reward_processing_classes: Any = None,
     ) -> None:
         if reward_funcs is not None and reward_model is not None:
             raise ValueError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
@@ -122,7 +131,6 @@ class RLOOTrainer:
             raise ValueError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
         if train_dataset is None:
             raise ValueError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
-        self._check_dataset(train_dataset, "train_dataset")
         self.args = args = args if args is not None else RLOOConfig()
 
         self.accelerator = Accelerator(
@@ -162,6 +170,13 @@ class RLOOTrainer:
         if args.beta > 0 and not self._is_peft:
             reference = copy.deepcopy(policy).eval().requires_grad_(False)
 
+        # --- prompts: checked before anything is sized from them ---
+        for dataset, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+            if dataset is not None:
+                check_prompt_dataset(dataset, name)
+                check_prompt_lengths(dataset, name, self.tokenizer, args.max_prompt_length, args.truncate_prompts,
+                                     args.chat_template_kwargs)
+
         # --- optimizer and schedule ---
         self.schedule = PromptSchedule(
             num_rows=len(train_dataset),
@@ -181,16 +196,14 @@ class RLOOTrainer:
         # --- data and rewards ---
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
-        if eval_dataset is not None:
-            self._check_dataset(eval_dataset, "eval_dataset")
-        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.reward_functions = [RewardFunction.wrap(f) for f in funcs]
+        self.reward_functions = build_reward_functions(reward_funcs, reward_processing_classes, self.accelerator.device)
         available = set(TRAINER_ARGUMENTS) | (set(train_dataset.column_names) - {"prompt"})
         for fn in self.reward_functions:
             fn.check_available(available)
-        self.reward_weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * len(funcs)
-        if len(self.reward_weights) != len(funcs):
-            raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {len(funcs)} reward functions.")
+        num_funcs = len(self.reward_functions)
+        self.reward_weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * num_funcs
+        if len(self.reward_weights) != num_funcs:
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {num_funcs} reward functions.")
 
         self.sampler: Sampler = GenerateSampler(
             pad_token_id=self.tokenizer.pad_token_id,
@@ -266,23 +279,27 @@ class RLOOTrainer:
         prompts = [row["prompt"] for row in rows]
 
         # 1. Sample K completions of each prompt (groups contiguous: row p*K + k).
-        prompt_token_ids = self._tokenize_prompts(prompts)
+        prompt_token_ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs)
         with acc.autocast():
             sampled = self.sampler.sample(acc.unwrap_model(self.model), prompt_token_ids, k)
         completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.completion_ids, sampled.completion_mask)]
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        repeated_prompts = [p for p in prompts for _ in range(k)]
 
         # 2. Score every completion; dataset columns are repeated so that each completion sees its row.
         arguments: dict[str, Any] = {
-            "prompts": [p for p in prompts for _ in range(k)],
-            "completions": completions,
+            "prompts": repeated_prompts,
+            "completions": as_completions(repeated_prompts, completions),  # messages for conversations
             "completion_ids": completion_ids,
+            "trainer_state": {"global_step": self.global_step, "episode": self.episode},
         }
         for column in rows[0]:
             if column != "prompt":
                 arguments[column] = [row[column] for row in rows for _ in range(k)]
-        scores, _ = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions))
-        scores = scores.to(sampled.completion_ids.device)  # (B,)
+        scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
+                                   step=self.global_step)
+        scores = scored.scores.to(sampled.completion_ids.device)  # (B,)
+        valid = scored.valid.to(scores.device)  # (B,) False where no reward function applied
 
         # 3. Fold the sequence KL into the reward before the baseline (only when it is used).
         input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)  # (B, P + C)
@@ -297,8 +314,8 @@ class RLOOTrainer:
             seq_kl = sequence_kl(old_logps, ref_logps, sampled.completion_mask)  # (B,)
         rewards = kl_penalized_reward(scores, seq_kl, args.beta)  # (B,)
 
-        # 4. Leave-one-out advantages within each group of K.
-        advantages = leave_one_out_advantages(rewards.view(-1, k)).view(-1)  # (B,)
+        # 4. Leave-one-out advantages within each group of K; unscored completions sit out.
+        advantages = leave_one_out_advantages(rewards.view(-1, k), valid.view(-1, k)).view(-1)  # (B,)
 
         rollout = Rollout(
             prompt_ids=sampled.prompt_ids,
@@ -307,6 +324,7 @@ class RLOOTrainer:
             completion_mask=sampled.completion_mask,
             old_logps=old_logps if args.num_iterations > 1 else None,
             scores=scores,
+            reward_columns=scored.per_function.to(scores.device),
             seq_kl=seq_kl,
             rewards=rewards,
             advantages=advantages,
@@ -398,6 +416,7 @@ class RLOOTrainer:
             "completions/clipped_ratio": truncated.mean().item(),
             "val/num_eos_tokens": eos.sum().item(),
             "num_tokens": lengths.sum().item(),
+            **reward_function_metrics([fn.name for fn in self.reward_functions], acc.gather(rollout.reward_columns)),
         }
 
     def _log(self, window: dict[str, float], eps: float, samples: dict[str, list], rollout: Rollout) -> dict[str, float]:
@@ -534,17 +553,6 @@ class RLOOTrainer:
 
             return bnb.optim.AdamW8bit(groups, **kwargs)
         return torch.optim.AdamW(groups, **kwargs)
-
-    def _check_dataset(self, dataset: Any, name: str) -> None:
-        if len(dataset) == 0:
-            raise ValueError(f"{name} is empty.")
-        if "prompt" not in dataset.column_names:
-            raise ValueError(f"{name} has no 'prompt' column (columns: {dataset.column_names}); rename your prompt column to 'prompt'.")
-
-    def _tokenize_prompts(self, prompts: list[str]) -> list[list[int]]:
-        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        # Keep the end of long prompts: that is where the question usually is.
-        return [seq[-self.args.max_prompt_length :] for seq in ids]
 
     @contextlib.contextmanager
     def _reference_model(self):

@@ -1,0 +1,76 @@
+"""Prompts, standard and conversational: checking a dataset, rendering, tokenizing, truncating.
+
+A standard row is `{"prompt": "2+2=", ...}`; a conversational row is
+`{"prompt": [{"role": "user", "content": "2+2="}], ...}`. Conversational prompts are rendered by
+the tokenizer's chat template with `add_generation_prompt=True` (plus `chat_template_kwargs`, e.g.
+`{"enable_thinking": False}`), and their completions reach reward functions as messages,
+`[{"role": "assistant", "content": text}]`, as in TRL.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def is_conversational(prompt: Any) -> bool:
+    """Whether `prompt` is a list of {"role", "content"} messages."""
+    return isinstance(prompt, list) and len(prompt) > 0 and all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+
+
+def render_prompt(prompt: Any, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    """The text the policy sees: the prompt itself, or the conversation through the chat template."""
+    if is_conversational(prompt):
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
+                                             **(chat_template_kwargs or {}))
+    return prompt
+
+
+def as_completions(prompts: list, texts: list[str]) -> list:
+    """Completions as reward functions receive them: strings, or assistant messages for conversations."""
+    return [[{"role": "assistant", "content": text}] if is_conversational(prompt) else text
+            for prompt, text in zip(prompts, texts)]
+
+
+def check_prompt_dataset(dataset: Any, name: str) -> None:
+    """Fail early on a dataset the trainer cannot use: empty, no prompt column, or a malformed prompt."""
+    if "prompt" not in dataset.column_names:
+        raise ValueError(f"{name} has no 'prompt' column (columns: {dataset.column_names}); rename your prompt "
+                         f"column to 'prompt'.")
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty.")
+    for index, prompt in enumerate(dataset["prompt"]):
+        if not (isinstance(prompt, str) or is_conversational(prompt)):
+            raise ValueError(f"{name} row {index}: 'prompt' must be a string or a list of {{'role', 'content'}} "
+                             f"messages, got {type(prompt).__name__}: {str(prompt)[:100]!r}.")
+
+
+def tokenize_prompts(prompts: list, tokenizer: Any, max_length: int,
+                     chat_template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
+    """Token ids of each rendered prompt, keeping the last `max_length` (the question is usually at the end)."""
+    texts = [render_prompt(p, tokenizer, chat_template_kwargs) for p in prompts]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [seq[-max_length:] for seq in ids]
+
+
+def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: int, policy: str,
+                         chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    """Apply `truncate_prompts` up front: warn once with the count ("left") or reject the first long row ("error")."""
+    texts = [render_prompt(p, tokenizer, chat_template_kwargs) for p in dataset["prompt"]]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    too_long = [index for index, length in enumerate(lengths) if length > max_length]
+    if not too_long:
+        return
+    first = too_long[0]
+    if policy == "error":
+        raise ValueError(
+            f"{name} row {first} has a prompt of {lengths[first]} tokens, more than max_prompt_length={max_length} "
+            f"({len(too_long)} rows are too long). Raise max_prompt_length, shorten the prompts, or set "
+            f"truncate_prompts='left' to keep their last {max_length} tokens."
+        )
+    logger.warning("%d of %d prompts in %s are longer than max_prompt_length=%d tokens (row %d has %d); they are "
+                   "truncated from the left, keeping their end.", len(too_long), len(lengths), name, max_length,
+                   first, lengths[first])
