@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, g
 
 from .advantages import leave_one_out_advantages
 from .config import RLOOConfig
+from .decoding import FastSampler
 from .data import PromptSchedule, select_rows
 from .kl import kl_penalized_reward, sequence_kl
 from .logprobs import completion_logprobs
@@ -187,7 +188,8 @@ class RLOOTrainer:
         if len(self.reward_weights) != len(funcs):
             raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {len(funcs)} reward functions.")
 
-        self.sampler: Sampler = GenerateSampler(
+        sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
+        self.sampler: Sampler = sampler_class(
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_ids=[self.tokenizer.eos_token_id],
             max_new_tokens=args.max_completion_length,
