@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
 import logging
 import math
@@ -530,7 +531,10 @@ class RLOOTrainer:
             import bitsandbytes as bnb
 
             return bnb.optim.AdamW8bit(groups, **kwargs)
-        return torch.optim.AdamW(groups, **kwargs)
+        # The fused kernel updates every tensor in one pass: over twice as fast as the per-tensor loop
+        # on CPU, and transformers' default on GPU too. Older torch or other devices fall back.
+        fused = params[0].device.type in ("cpu", "cuda") and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, **kwargs, fused=fused or None)
 
     def _check_dataset(self, dataset: Any, name: str) -> None:
         if len(dataset) == 0:
