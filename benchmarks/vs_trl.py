@@ -56,6 +56,7 @@ class Scenario:
     num_eval: int  # held-out prompts for greedy accuracy
     beta: float = 0.0
     temperature: float = 1.0
+    bf16: bool = False  # bf16 autocast in both trainers (--bf16); fp32 otherwise
 
 
 SCENARIOS = {
@@ -164,7 +165,7 @@ def build_trl_trainer(scenario: Scenario, model, tokenizer, train, reward, outpu
         epsilon=0.2,
         max_steps=steps,
         seed=seed,
-        bf16=False,  # TRL defaults to bf16; rloo defaults to fp32 and both run in fp32 here
+        bf16=scenario.bf16,  # TRL defaults to bf16, rloo to fp32: set explicitly, the same for both
         gradient_checkpointing=False,  # TRL defaults to True; rloo to False (recompute is pure overhead here)
         disable_dropout=True,  # rloo's default (the toy models have no dropout anyway)
         use_vllm=False,
@@ -201,7 +202,7 @@ def build_rloo_trainer(scenario: Scenario, model, tokenizer, train, reward, outp
         epsilon=0.2,
         max_steps=steps,
         seed=seed,
-        bf16=False,
+        bf16=scenario.bf16,
         logging_steps=max(steps, 1),
         save_steps=0,
     )
@@ -325,6 +326,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="alternating TRL/rloo pairs per scenario")
     parser.add_argument("--episodes", type=int, default=None, help="override every scenario's episode count")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast in both trainers (default fp32)")
     parser.add_argument("--cache-dir", type=Path, default=HERE / ".cache")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -336,8 +338,9 @@ def main() -> None:
         return
 
     scenarios = list(SCENARIOS.values()) if options.scenario == "all" else [SCENARIOS[options.scenario]]
-    if options.episodes:
-        scenarios = [Scenario(**{**asdict(s), "episodes": options.episodes}) for s in scenarios]
+    if options.episodes or options.bf16:
+        scenarios = [Scenario(**{**asdict(s), "episodes": options.episodes or s.episodes, "bf16": options.bf16})
+                     for s in scenarios]
     peaks = {"fp32": matmul_peak_gflops(torch.float32), "bf16": matmul_peak_gflops(torch.bfloat16)}
     print(f"matmul peak with {THREADS} thread: fp32 {peaks['fp32']:.1f} GFLOP/s, bf16 {peaks['bf16']:.1f} GFLOP/s", flush=True)
     runs = []
@@ -354,13 +357,13 @@ def main() -> None:
 
     summary = summarise(runs, peaks)
     header = (f"rloo vs TRL {__import__('trl').__version__}, medians of {options.repeats} alternating repeats, "
-              f"{THREADS} intra-op thread each, fp32, torch {torch.__version__}, "
+              f"{THREADS} intra-op thread each, {'bf16 autocast' if options.bf16 else 'fp32'}, torch {torch.__version__}, "
               f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}; episodes: "
               + ", ".join(f"{s.name} {s.episodes}" for s in scenarios))
     table = markdown_table(summary, peaks, header)
     print("\n" + table)
     options.out.mkdir(parents=True, exist_ok=True)
-    stem = "vs_trl" if options.scenario == "all" else f"vs_trl_{options.scenario}"
+    stem = ("vs_trl" if options.scenario == "all" else f"vs_trl_{options.scenario}") + ("_bf16" if options.bf16 else "")
     (options.out / f"{stem}.json").write_text(json.dumps({"peaks_gflops": peaks, "summary": summary, "runs": runs,
                                                           "scenarios": [asdict(s) for s in scenarios]}, indent=2))
     (options.out / f"{stem}.md").write_text(table + "\n")

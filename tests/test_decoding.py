@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from rloo.decoding import FastSampler, filter_logits
+from rloo.kv_cache import AppendInPlaceLayer
 from rloo.logprobs import completion_logprobs
 from rloo.sampling import GenerateSampler
 
@@ -132,3 +134,19 @@ def test_padding_after_eos_and_truncation(make_model, tokenizer):
         assert (int(row[length - 1]) in eos) == bool(ended)
         assert not any(int(t) in eos for t in row[: length - 1])
     assert (lengths[~batch.has_eos] == 6).all()
+
+
+def test_append_in_place_layer_matches_concatenation_and_overflows_gracefully():
+    layer, reference = AppendInPlaceLayer(room=2), DynamicLayer()
+    chunks = [torch.randn(2, 3, n, 4) for n in (5, 1, 1)]  # prefill, then two decode steps
+    for index, chunk in enumerate(chunks):
+        keys, values = layer.update(chunk, -chunk)
+        expected_keys, expected_values = reference.update(chunk, -chunk)
+        assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+        if index == 0:  # share the prefill across K = 3 samples, as FastSampler does
+            layer.batch_repeat_interleave(3)
+            reference.batch_repeat_interleave(3)
+            chunks[1:] = [c.repeat_interleave(3, dim=0) for c in chunks[1:]]
+    assert keys.data_ptr() == layer._key_buffer.data_ptr()  # a view of the buffer, not a copy
+    overflow = torch.randn(6, 3, 1, 4)  # the room (2) is used up: falls back to concatenation
+    assert torch.equal(layer.update(overflow, overflow)[0], reference.update(overflow, overflow)[0])

@@ -4,7 +4,8 @@
 processors and stopping criteria, and runs the prompt through the model once per sample. RLOO
 samples K completions of the same prompt, so `FastSampler`
 
-  1. runs the N distinct prompts through the model once (prefill), keeping the KV cache;
+  1. runs the N distinct prompts through the model once (prefill), keeping the KV cache in
+     buffers with room for the completion (`kv_cache.AppendInPlaceLayer`: no copy per step);
   2. repeats that cache K times along the batch (N -> N*K rows, groups contiguous);
   3. decodes one token per step with `model(...)` on the cache, stopping as soon as every row
      has produced an end token or `max_new_tokens` is reached.
@@ -19,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
+from .kv_cache import append_in_place_cache
 from .logprobs import position_ids_from_mask
 from .sampling import SampledBatch, completion_mask_from_eos, left_pad
 
@@ -89,7 +90,7 @@ class FastSampler:
 
     def _decode(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, k: int) -> torch.Tensor:
         """(N, P) left-padded prompts -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end)."""
-        cache = DynamicCache(config=model.config)
+        cache = append_in_place_cache(model.config, room=self.max_new_tokens)
         prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(k)  # every sample of a prompt continues from the same prefill
