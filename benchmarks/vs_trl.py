@@ -325,6 +325,7 @@ def main() -> None:
     parser.add_argument("--scenario", choices=["all", *SCENARIOS], default="all")
     parser.add_argument("--repeats", type=int, default=3, help="alternating TRL/rloo pairs per scenario")
     parser.add_argument("--episodes", type=int, default=None, help="override every scenario's episode count")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's default episode count")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast in both trainers (default fp32)")
     parser.add_argument("--cache-dir", type=Path, default=HERE / ".cache")
@@ -338,9 +339,11 @@ def main() -> None:
         return
 
     scenarios = list(SCENARIOS.values()) if options.scenario == "all" else [SCENARIOS[options.scenario]]
-    if options.episodes or options.bf16:
-        scenarios = [Scenario(**{**asdict(s), "episodes": options.episodes or s.episodes, "bf16": options.bf16})
-                     for s in scenarios]
+    def episodes(s: Scenario) -> int:  # whole optimizer steps
+        wanted = options.episodes or s.episodes * options.scale
+        return max(1, round(wanted / s.completions_per_step)) * s.completions_per_step
+
+    scenarios = [Scenario(**{**asdict(s), "episodes": episodes(s), "bf16": options.bf16}) for s in scenarios]
     peaks = {"fp32": matmul_peak_gflops(torch.float32), "bf16": matmul_peak_gflops(torch.bfloat16)}
     print(f"matmul peak with {THREADS} thread: fp32 {peaks['fp32']:.1f} GFLOP/s, bf16 {peaks['bf16']:.1f} GFLOP/s", flush=True)
     runs = []
