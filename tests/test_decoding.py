@@ -150,3 +150,20 @@ def test_append_in_place_layer_matches_concatenation_and_overflows_gracefully():
     assert keys.data_ptr() == layer._key_buffer.data_ptr()  # a view of the buffer, not a copy
     overflow = torch.randn(6, 3, 1, 4)  # the room (2) is used up: falls back to concatenation
     assert torch.equal(layer.update(overflow, overflow)[0], reference.update(overflow, overflow)[0])
+
+
+def test_config_selects_the_sampler(tmp_path, make_model, tokenizer, digit_dataset):
+    from rloo import RLOOConfig, RLOOTrainer
+    from rloo.config import ConfigError
+
+    from conftest import digit_fraction
+
+    for name, expected in (("fast", FastSampler), ("generate", GenerateSampler)):
+        args = RLOOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, beta=0.0,
+                          max_completion_length=4, max_steps=1, save_steps=0, sampler=name)
+        trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+        assert type(trainer.sampler) is expected
+        rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+        assert rollout.completion_ids.shape[0] == 8
+    with pytest.raises(ConfigError, match="sampler"):
+        RLOOConfig(sampler="vllm")
