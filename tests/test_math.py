@@ -115,3 +115,15 @@ def test_left_pad_and_positions():
     assert ids.tolist() == [[4, 5, 6], [0, 0, 7]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert position_ids_from_mask(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_chunked_log_softmax_matches_the_full_computation_across_uneven_chunks(monkeypatch):
+    import rloo.logprobs as logprobs
+
+    logits = torch.randn(7, 5, 11, dtype=torch.bfloat16)
+    index = torch.randint(0, 11, (7, 5))
+    full = torch.log_softmax(logits.float(), dim=-1)
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * 5 * 11)  # blocks of 2 rows: 2, 2, 2, 1
+    assert len(logprobs._row_chunks(logits)) == 4
+    torch.testing.assert_close(selective_log_softmax(logits, index), full.gather(-1, index.unsqueeze(-1)).squeeze(-1))
+    torch.testing.assert_close(entropy_from_logits(logits), -(full.exp() * full).sum(-1))

