@@ -19,6 +19,7 @@ with no other valid sample in its group gets advantage 0 (there is nothing to co
     drgrpo         r_i - mean_p                                             whole group (incl. i)
     reinforce      r_i                                                      nothing
     reinforce_pp   c_i = r_i - mean_p, then (c_i - mean(c)) / (std(c) + 1e-8) over the batch
+                   (population std, over the valid samples of groups with at least two)
 """
 
 from __future__ import annotations
@@ -32,14 +33,16 @@ GRPO_STD_EPS = 1e-4  # TRL's GRPO epsilon
 WHITEN_EPS = 1e-8
 
 
-def _check(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+def _check(rewards: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P, K) rewards with invalid entries zeroed (so that a NaN placeholder cannot leak) and (P, K) bool mask."""
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be (num_prompts, K), got shape {tuple(rewards.shape)}")
     if valid is None:
-        return torch.ones_like(rewards, dtype=torch.bool)
+        return rewards, torch.ones_like(rewards, dtype=torch.bool)
     if valid.shape != rewards.shape:
         raise ValueError(f"valid must have the shape of rewards {tuple(rewards.shape)}, got {tuple(valid.shape)}")
-    return valid.bool()
+    valid = valid.bool()
+    return torch.where(valid, rewards, torch.zeros_like(rewards)), valid
 
 
 def _group_mean(rewards: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,6 +58,7 @@ def whiten(values: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Ten
     The std is the population one (divides by n), as in OpenRLHF's masked whitening.
     """
     valid = torch.ones_like(values, dtype=torch.bool) if valid is None else valid.bool()
+    values = torch.where(valid, values, torch.zeros_like(values))
     n = valid.sum().to(values.dtype).clamp(min=1)
     mean = (values * valid).sum() / n
     std = ((((values - mean) * valid) ** 2).sum() / n).sqrt()
@@ -72,8 +76,7 @@ def masked_leave_one_out_advantages(rewards: torch.Tensor, valid: torch.Tensor |
         (P, K) advantages r_i - mean of the other valid rewards of the group; 0 where the sample is
         invalid or is the only valid sample of its group.
     """
-    valid = _check(rewards, valid)
-    rewards = torch.where(valid, rewards, torch.zeros_like(rewards))
+    rewards, valid = _check(rewards, valid)
     count = valid.sum(dim=1, keepdim=True)  # (P, 1)
     others = (count - 1).clamp(min=1).to(rewards.dtype)  # (P, 1) other valid samples of each valid sample
     baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / others  # (P, K)
@@ -107,7 +110,7 @@ def compute_advantages(rewards: torch.Tensor, estimator: str = "rloo", valid: to
     Returns:
         (P, K) advantages.
     """
-    valid = _check(rewards, valid)
+    rewards, valid = _check(rewards, valid)
     zeros = torch.zeros_like(rewards)
     if estimator == "rloo":
         return masked_leave_one_out_advantages(rewards, valid)
