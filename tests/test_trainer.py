@@ -299,3 +299,14 @@ def test_stop_strings_stop_tokens_and_truncation_shaping(tmp_path, make_model, t
     assert not rollout.has_eos.all() and rollout.has_eos.any()
     torch.testing.assert_close(rollout.scores, raw - 0.5 * (~rollout.has_eos).float())
     assert rollout.trained.tolist() == rollout.has_eos.tolist()
+
+
+def test_reinforce_with_one_completion_per_prompt_and_normalised_rewards(tmp_path, make_model, tokenizer, digit_dataset):
+    args = _config(tmp_path, advantage_estimator="reinforce", num_generations=1, normalize_rewards=True,
+                   normalize_advantages=True, max_steps=2)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    metrics = trainer.train()
+    assert metrics["reward"] > 0 and metrics["reward_std"] == 0  # the raw score is logged, not the z-score
+    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(8)])
+    torch.testing.assert_close(rollout.scores.mean(), torch.tensor(0.0), atol=1e-5, rtol=0)
+    torch.testing.assert_close(rollout.advantages.std(unbiased=False), torch.tensor(1.0), atol=1e-4, rtol=0)

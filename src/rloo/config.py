@@ -367,6 +367,10 @@ def _validate(c: RLOOConfig) -> None:
                 f"advantage_estimator={c.advantage_estimator!r} / normalize_advantages={c.normalize_advantages} "
                 f"rescale advantages by a std. Use advantage_estimator 'rloo', 'drgrpo' or 'reinforce' without "
                 f"normalize_advantages, or kl_penalty='sequence' or 'loss'.")
+    if c.kl_penalty == "loss" and c.kl_estimator == "k1" and c.beta > 0:
+        # Allowed (the user's choice stands), but worth a word: E_pi[grad log pi] = 0.
+        logger.warning("kl_penalty='loss' with kl_estimator='k1': the gradient of the k1 term, beta * grad log pi, "
+                       "is zero in expectation on-policy, so it only adds noise. GRPO uses kl_estimator='k3'.")
     if c.normalize_rewards or c.normalize_advantages:
         require(c.completions_per_rollout >= 2,
                 f"normalize_rewards / normalize_advantages whiten over the {c.completions_per_rollout} completion(s) "

@@ -67,7 +67,8 @@ class Rollout:
     completion_mask: torch.Tensor  # (B, C) 1 up to and including EOS (or the stop token / string)
     old_logps: torch.Tensor | None  # (B, C) log-probs at sampling time; None when the batch is used once
     ref_logps: torch.Tensor | None  # (B, C) reference log-probs, kept for kl_penalty="loss"; else None
-    scores: torch.Tensor  # (B,) shaped reward-function scores
+    raw_scores: torch.Tensor  # (B,) weighted reward-function scores, as returned (logged as "reward")
+    scores: torch.Tensor  # (B,) the scores after shaping (missing_eos_penalty, normalize_rewards, clipping)
     seq_kl: torch.Tensor  # (B,) sequence KL to the reference at sampling time (zeros when beta == 0)
     rewards: torch.Tensor  # (B,) scores - beta * seq_kl (scores alone for kl_penalty="loss")
     advantages: torch.Tensor  # (B,) advantages of the rewards
@@ -93,6 +94,7 @@ class Rollout:
             completion_mask=completion_mask[:, :last],
             old_logps=columns(self.old_logps),
             ref_logps=columns(self.ref_logps),
+            raw_scores=self.raw_scores[rows],
             scores=self.scores[rows],
             seq_kl=self.seq_kl[rows],
             rewards=self.rewards[rows],
@@ -293,9 +295,10 @@ class RLOOTrainer:
         for column in rows[0]:
             if column != "prompt":
                 arguments[column] = [row[column] for row in rows for _ in range(k)]
-        scores, _ = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions))
-        scores = shape_scores(scores.to(sampled.completion_ids.device), sampled.has_eos, args.missing_eos_penalty,
-                              args.normalize_rewards, args.reward_clip_range)  # (B,)
+        raw_scores, _ = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions))
+        raw_scores = raw_scores.to(sampled.completion_ids.device)  # (B,)
+        scores = shape_scores(raw_scores, sampled.has_eos, args.missing_eos_penalty, args.normalize_rewards,
+                              args.reward_clip_range)  # (B,)
 
         # 3. Fold the KL into the reward before the baseline (kl_penalty "sequence" and "token").
         input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)  # (B, P + C)
@@ -327,6 +330,7 @@ class RLOOTrainer:
             completion_mask=mask,
             old_logps=old_logps if args.steps_per_rollout > 1 else None,
             ref_logps=ref_logps if args.kl_penalty == "loss" else None,
+            raw_scores=raw_scores,
             scores=scores,
             seq_kl=seq_kl,
             rewards=rewards,
@@ -481,18 +485,19 @@ class RLOOTrainer:
         acc, k = self.accelerator, self.args.num_generations
         lengths = rollout.completion_mask.sum(dim=1).float()
         gathered = acc.gather(torch.stack([
-            rollout.scores, rollout.rewards, rollout.seq_kl, lengths,
+            rollout.raw_scores, rollout.scores, rollout.rewards, rollout.seq_kl, lengths,
             rollout.has_eos.float(), (~rollout.has_eos).float(),
-        ], dim=1))  # (B_global, 6)
-        scores, rewards, seq_kl, lengths, eos, truncated = gathered.unbind(dim=1)
-        group_std = scores.view(-1, k).std(dim=1)  # (P_global,)
+        ], dim=1))  # (B_global, 7)
+        raw_scores, scores, rewards, seq_kl, lengths, eos, truncated = gathered.unbind(dim=1)
+        # K = 1 (reinforce) has no spread within a group.
+        group_std = raw_scores.view(-1, k).std(dim=1) if k > 1 else torch.zeros_like(raw_scores)  # (P_global,)
         return {
-            "reward": scores.mean().item(),
+            "reward": raw_scores.mean().item(),
             "reward_std": group_std.mean().item(),
             "frac_reward_zero_std": (group_std < 1e-8).float().mean().item(),
-            "objective/scores": scores.mean().item(),
+            "objective/scores": scores.mean().item(),  # after shaping
             "objective/kl": seq_kl.mean().item(),
-            "objective/non_score_reward": (-self.args.beta * seq_kl).mean().item(),
+            "objective/non_score_reward": (rewards - scores).mean().item(),  # the KL in the reward; 0 for kl_penalty="loss"
             "objective/rlhf_reward": rewards.mean().item(),
             "completions/mean_length": lengths.mean().item(),
             "completions/min_length": lengths.min().item(),
@@ -543,7 +548,7 @@ class RLOOTrainer:
         for start in range(0, len(indices), per_step):
             rows = select_rows(self.eval_dataset, indices[start : start + per_step])
             rollout, _ = self._generate_and_score(rows)
-            totals += torch.stack([rollout.scores.sum(), torch.tensor(float(rollout.scores.numel()), device=acc.device)])
+            totals += torch.stack([rollout.raw_scores.sum(), torch.tensor(float(rollout.raw_scores.numel()), device=acc.device)])
         self.model.train(was_training)
         totals = acc.reduce(totals, reduction="sum")
         return {"eval/reward": (totals[0] / totals[1].clamp(min=1)).item()}
