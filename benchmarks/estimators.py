@@ -47,7 +47,10 @@ from rloo.sampling import GenerateSampler
 from rloo.toy import addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
 
 ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")
-LABELS = {"drgrpo": "drgrpo (= r - mean incl. self)"}
+# The gradient study adds REINFORCE on the reward shifted by -1 (0 for a right answer, -1 for a wrong
+# one): the same task, but with an offset that every baseline cancels and plain REINFORCE does not.
+STUDIED = ESTIMATORS + ("reinforce_offset",)
+LABELS = {"drgrpo": "drgrpo (= r - mean incl. self)", "reinforce_offset": "reinforce on r - 1"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -55,8 +58,8 @@ def settings(quick: bool) -> dict:
     if quick:
         return dict(ks=(2, 4), batch=16, batches=40, prompts=32, ref_samples=32, directions=32,
                     curve_estimators=("rloo", "reinforce"), seeds=(0,), episodes=256, curve_batch=32, eval_prompts=32)
-    return dict(ks=(2, 4, 8), batch=32, batches=300, prompts=64, ref_samples=64, directions=64,
-                curve_estimators=ESTIMATORS, seeds=(0, 1), episodes=1536, curve_batch=32, eval_prompts=64)
+    return dict(ks=(2, 4, 8), batch=32, batches=200, prompts=64, ref_samples=128, directions=64,
+                curve_estimators=ESTIMATORS, seeds=(0, 1), episodes=6144, curve_batch=64, eval_prompts=64)
 
 
 class ProjectedGradient:
@@ -113,18 +116,21 @@ def gradient_study(model, tokenizer, s: dict) -> list[dict]:
     rows = []
     generator = torch.Generator().manual_seed(1)
     for k in s["ks"]:
-        grads = {name: [] for name in ESTIMATORS}
+        grads = {name: [] for name in STUDIED}
         success = []
         for _ in range(s["batches"]):
             picked = torch.randint(len(prompts), (s["batch"] // k,), generator=generator).tolist()
             seq_logps, rewards = sample_and_score(model, tokenizer, sampler, [prompts[i] for i in picked],
                                                   [answers[i] for i in picked], k)
             success.append(rewards.mean().item())
-            for index, name in enumerate(ESTIMATORS):
-                advantages = compute_advantages(rewards.view(-1, k), name).view(-1)
-                last = index == len(ESTIMATORS) - 1
+            for index, name in enumerate(STUDIED):
+                if name == "reinforce_offset":
+                    advantages = compute_advantages(rewards.view(-1, k) - 1.0, "reinforce").view(-1)
+                else:
+                    advantages = compute_advantages(rewards.view(-1, k), name).view(-1)
+                last = index == len(STUDIED) - 1
                 grads[name].append(project((advantages * seq_logps).sum() / s["batch"], retain_graph=not last))
-        for name in ESTIMATORS:
+        for name in STUDIED:
             g = torch.stack(grads[name])  # (N, D)
             mean = g.mean(dim=0)
             mse = ((g - reference) ** 2).sum(dim=1).mean().item()
@@ -149,7 +155,7 @@ def learning_curves(cache_dir: str, s: dict) -> dict:
             with tempfile.TemporaryDirectory() as out:
                 steps = s["episodes"] // s["curve_batch"]
                 config = RLOOConfig(output_dir=out, seed=seed, advantage_estimator=name, num_generations=4,
-                                    per_device_train_batch_size=s["curve_batch"], learning_rate=1e-4,
+                                    per_device_train_batch_size=s["curve_batch"], learning_rate=3e-5,
                                     lr_scheduler_type="constant", beta=0.0, max_completion_length=5,
                                     max_prompt_length=16, max_steps=steps, logging_steps=steps, save_steps=0,
                                     eval_steps=max(1, steps // 6))
@@ -174,7 +180,7 @@ def write_report(rows: list[dict], curves: dict, s: dict, seconds: float, comman
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for name in ESTIMATORS:
+    for name in STUDIED:
         mine = [r for r in rows if r["estimator"] == name]
         axes[0].plot([r["k"] for r in mine], [r["mse"] for r in mine], marker="o", label=LABELS.get(name, name))
         axes[1].plot([r["k"] for r in mine], [r["bias"] / r["ref_norm"] for r in mine], marker="o", label=LABELS.get(name, name))
@@ -200,10 +206,10 @@ def write_report(rows: list[dict], curves: dict, s: dict, seconds: float, comman
              f"sampled success rate {rows[0]['success']:.3f}.", "",
              "| estimator | K | MSE vs g* | variance | rel. variance | bias ‖E g − g*‖ | noise floor √(MSE/N) | scale | cos(E g, g*) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["k"], ESTIMATORS.index(r["estimator"]))):
+    for r in sorted(rows, key=lambda r: (r["k"], STUDIED.index(r["estimator"]))):
         lines.append(f"| {LABELS.get(r['estimator'], r['estimator'])} | {r['k']} | {r['mse']:.4g} | {r['variance']:.4g} | "
                      f"{r['relative_variance']:.4g} | {r['bias']:.4g} | {r['noise_floor']:.4g} | {r['scale']:.3f} | {r['cos']:.3f} |")
-    lines += ["", f"Learning curves: K=4, {s['curve_batch']} completions per step, lr 1e-4, beta 0, "
+    lines += ["", f"Learning curves: K=4, {s['curve_batch']} completions per step, lr 3e-5 (the demo's), beta 0, "
               f"{s['episodes']} episodes, seeds {list(s['seeds'])}; held-out sampled reward on {s['eval_prompts']} "
               f"prompts, greedy accuracy on 500.", "",
               "| estimator | held-out reward, start -> end (per seed) | greedy accuracy (per seed) |", "|---|---|---|"]
