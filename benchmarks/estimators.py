@@ -183,14 +183,14 @@ def write_report(rows: list[dict], curves: dict, s: dict, seconds: float, comman
     for name in STUDIED:
         mine = [r for r in rows if r["estimator"] == name]
         axes[0].plot([r["k"] for r in mine], [r["mse"] for r in mine], marker="o", label=LABELS.get(name, name))
-        axes[1].plot([r["k"] for r in mine], [r["bias"] / r["ref_norm"] for r in mine], marker="o", label=LABELS.get(name, name))
-    axes[1].plot([r["k"] for r in rows if r["estimator"] == "rloo"],
-                 [r["noise_floor"] / r["ref_norm"] for r in rows if r["estimator"] == "rloo"], "k:", label="noise floor (rloo)")
+        axes[1].plot([r["k"] for r in mine], [r["relative_variance"] for r in mine], marker="o", label=LABELS.get(name, name))
     axes[0].set(xlabel="K", ylabel="mean ||g - g*||^2", title=f"gradient MSE, {s['batch']} completions per batch", yscale="log")
-    axes[1].set(xlabel="K", ylabel="||mean g - g*|| / ||g*||", title="relative bias")
+    axes[1].set(xlabel="K", ylabel="variance / (E g . g*/||g*||)^2", title="variance per unit of signal", yscale="log")
     for name, runs in curves.items():
-        episodes = [p[0] for p in runs[0]["points"]]
-        means = [statistics.mean(run["points"][i][1] for run in runs) for i in range(len(episodes))]
+        # The final evaluation repeats the last step's: keep one point per episode count.
+        per_run = [dict(run["points"]) for run in runs]
+        episodes = sorted(set.intersection(*(set(points) for points in per_run)))
+        means = [statistics.mean(points[e] for points in per_run) for e in episodes]
         axes[2].plot(episodes, means, marker=".", label=LABELS.get(name, name))
     axes[2].set(xlabel="episodes (completions)", ylabel="held-out sampled reward",
                 title=f"learning curves, K=4, mean of {len(s['seeds'])} seed(s)")
@@ -218,7 +218,8 @@ def write_report(rows: list[dict], curves: dict, s: dict, seconds: float, comman
         accuracy = ", ".join(f"{run['greedy_accuracy']:.3f}" for run in runs)
         lines.append(f"| {LABELS.get(name, name)} | {rewards} | {accuracy} |")
     (docs / "estimators.md").write_text("\n".join(lines) + "\n")
-    (docs / "estimators.json").write_text(json.dumps({"gradient": rows, "curves": curves, "settings": s}, indent=1))
+    (docs / "estimators.json").write_text(json.dumps({"gradient": rows, "curves": curves, "settings": s,
+                                                      "seconds": seconds, "command": command}, indent=1))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,7 +228,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache_dir", default=str(Path(tempfile.gettempdir()) / "rloo-warm-start"),
                         help="where the warm-started model is cached (built in about a minute the first time)")
     parser.add_argument("--docs_dir", default=str(ROOT / "docs"), help="where estimators.md / .png are written")
+    parser.add_argument("--replot", action="store_true",
+                        help="rewrite estimators.md / .png from the estimators.json of a previous run, measuring nothing")
     options = parser.parse_args(argv)
+    docs = Path(options.docs_dir)
+    if options.replot:
+        saved = json.loads((docs / "estimators.json").read_text())
+        write_report(saved["gradient"], saved["curves"], saved["settings"], saved["seconds"], saved["command"], docs)
+        return
     torch.set_num_threads(1)  # a shared machine: oversubscribed OpenMP threads are far slower
     s = settings(options.quick)
     start = time.perf_counter()
@@ -235,7 +243,6 @@ def main(argv: list[str] | None = None) -> None:
     model.eval()
     rows = gradient_study(model, tokenizer, s)
     curves = learning_curves(options.cache_dir, s)
-    docs = Path(options.docs_dir)
     docs.mkdir(parents=True, exist_ok=True)
     command = "PYTHONPATH=src python benchmarks/estimators.py" + (" --quick" if options.quick else "")
     write_report(rows, curves, s, time.perf_counter() - start, command, docs)
