@@ -24,7 +24,8 @@ the RLOO paper argues against: its expectation is (K-1)/K times the true gradien
 Part 2, learning curves: RLOOTrainer from the same warm start, each estimator at equal episodes over
 a few seeds, held-out sampled reward (eval/reward) against episodes.
 
-Writes docs/estimators.md (tables) and docs/estimators.png (plots).
+Writes docs/estimators.md (tables), docs/estimators.png (plots) and docs/estimators.json (raw numbers);
+--quick writes to a temporary directory instead (see --docs_dir).
 """
 
 from __future__ import annotations
@@ -227,11 +228,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a small run for checking (1-2 minutes)")
     parser.add_argument("--cache_dir", default=str(Path(tempfile.gettempdir()) / "rloo-warm-start"),
                         help="where the warm-started model is cached (built in about a minute the first time)")
-    parser.add_argument("--docs_dir", default=str(ROOT / "docs"), help="where estimators.md / .png are written")
+    parser.add_argument("--docs_dir", default=None,
+                        help="where estimators.md / .png / .json are written; default docs/, or a temporary "
+                             "directory with --quick so that a check never overwrites the committed results")
     parser.add_argument("--replot", action="store_true",
                         help="rewrite estimators.md / .png from the estimators.json of a previous run, measuring nothing")
     options = parser.parse_args(argv)
-    docs = Path(options.docs_dir)
+    quick_dir = Path(tempfile.gettempdir()) / "rloo-estimators-quick"
+    docs = Path(options.docs_dir or (quick_dir if options.quick else ROOT / "docs"))
     if options.replot:
         saved = json.loads((docs / "estimators.json").read_text())
         write_report(saved["gradient"], saved["curves"], saved["settings"], saved["seconds"], saved["command"], docs)
