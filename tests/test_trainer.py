@@ -1,5 +1,6 @@
 """The trainer end to end on tiny models: learning, accumulation invariance, KL, resume, saving."""
 
+import dataclasses
 import json
 
 import pytest
@@ -310,3 +311,23 @@ def test_reinforce_with_one_completion_per_prompt_and_normalised_rewards(tmp_pat
     rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(8)])
     torch.testing.assert_close(rollout.scores.mean(), torch.tensor(0.0), atol=1e-5, rtol=0)
     torch.testing.assert_close(rollout.advantages.std(unbiased=False), torch.tensor(1.0), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["seq-mean-token-sum", "token-mean"])
+def test_masked_completions_contribute_no_gradient(tmp_path, make_model, tokenizer, digit_dataset, loss_agg_mode):
+    def gradient(advantages):
+        trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, loss_agg_mode=loss_agg_mode),
+                              train_dataset=digit_dataset, processing_class=tokenizer)
+        trainer._accumulate_gradients(dataclasses.replace(rollout, advantages=advantages))
+        return _grads(trainer.model)
+
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    rollout.trained = torch.tensor([True, False, True, True, False, True, True, True])
+    rollout.advantages = torch.tensor([1.0, 0.0, -1.0, 0.5, 0.0, 2.0, -0.5, -2.0])
+    changed = rollout.advantages.clone()
+    changed[[1, 4]] = torch.tensor([50.0, -50.0])  # only the masked completions change
+    torch.testing.assert_close(gradient(changed), gradient(rollout.advantages))
+    changed[0] = 50.0  # a trained one: the gradient must move
+    assert not torch.allclose(gradient(changed), gradient(rollout.advantages))
