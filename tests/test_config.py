@@ -141,3 +141,11 @@ def test_mini_batch_sizes():
     # one mini-batch = one optimizer step = 16 completions; a rollout = 3 of them, spent twice
     assert (config.completions_per_step, config.prompts_per_step) == (16, 4)
     assert (config.completions_per_rollout, config.prompts_per_rollout, config.steps_per_rollout) == (48, 12, 6)
+
+
+def test_the_config_lists_the_same_names_as_the_math_modules():
+    from rloo import advantages, config, kl, loss
+
+    assert config.ADVANTAGE_ESTIMATORS == advantages.ADVANTAGE_ESTIMATORS
+    assert (config.KL_PENALTIES, config.KL_ESTIMATORS) == (kl.KL_PENALTIES, kl.KL_ESTIMATORS)
+    assert config.LOSS_AGG_MODES == loss.LOSS_AGG_MODES

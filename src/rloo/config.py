@@ -175,7 +175,8 @@ class RLOOConfig:
     "token-mean" (sum over all tokens divided by the completion tokens in the optimizer step);
     "seq-mean-token-mean" (each completion's token mean, divided by the completions in the step);
     "seq-mean-token-sum-norm" (token sum divided by max_completion_length, then by the completions
-    in the step; Dr. GRPO). Every mode but the default uses per-token ratios and clipping (GRPO)."""
+    in the step; Dr. GRPO). Every mode but the default (and the default with kl_penalty="token") uses
+    per-token ratios and clipping, as GRPO does."""
     entropy_coef: float = 0.0
     """Entropy bonus: entropy_coef * entropy_t is subtracted from each token's loss (aggregated by
     loss_agg_mode). 0 (default) keeps entropy a logged metric and computes it without grad."""
