@@ -93,9 +93,14 @@ def test_cli_smoke_run(tmp_path, make_model, tokenizer):
         save_steps: 0
         beta: 0.0
         """))
-    result = subprocess.run([sys.executable, "-m", "rloo.cli", "train", "--config", str(config), "--learning_rate", "1e-4"],
-                            capture_output=True, text=True, timeout=300)
+    algorithm_flags = ["--advantage_estimator", "grpo", "--loss_agg_mode", "token-mean", "--epsilon_high", "0.3",
+                       "--num_mini_batches", "2", "--stop_strings", "9", "--missing_eos_penalty", "0.5"]
+    result = subprocess.run([sys.executable, "-m", "rloo.cli", "train", "--config", str(config), "--learning_rate", "1e-4",
+                             *algorithm_flags], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
-    assert json.loads((tmp_path / "out" / "rloo_config.json").read_text())["learning_rate"] == 1e-4
+    saved = json.loads((tmp_path / "out" / "rloo_config.json").read_text())
+    assert saved["learning_rate"] == 1e-4 and saved["advantage_estimator"] == "grpo" and saved["stop_strings"] == ["9"]
+    assert saved["num_mini_batches"] == 2 and saved["loss_agg_mode"] == "token-mean"
+    assert "clip_ratio/high_mean" in json.loads(lines[0])
