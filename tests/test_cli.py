@@ -24,6 +24,21 @@ def test_flags_override_yaml_and_aliases_work(tmp_path):
     assert config.beta == 0.3  # a flag beats the file even when the file used the alias
 
 
+def test_algorithm_flags(tmp_path):
+    _, config, _ = parse_train_args([
+        "--advantage_estimator", "grpo", "--kl_penalty", "loss", "--kl_estimator", "k3", "--loss_agg_mode",
+        "token-mean", "--epsilon_high", "0.28", "--num_mini_batches", "2", "--stop_strings", "###", "</answer>",
+        "--stop_token_ids", "5", "7", "--normalize_advantages", "--mask_truncated_completions", "true",
+        "--missing_eos_penalty", "1.0", "--entropy_coef", "0.001", "--reward_clip_range", "5", "--save_steps", "0"])
+    assert (config.advantage_estimator, config.kl_penalty, config.kl_estimator) == ("grpo", "loss", "k3")
+    assert config.loss_agg_mode == "token-mean" and config.epsilon_high == 0.28 and config.num_mini_batches == 2
+    assert config.stop_strings == ["###", "</answer>"] and config.stop_token_ids == [5, 7]
+    assert config.normalize_advantages is True and config.mask_truncated_completions is True
+    assert (config.missing_eos_penalty, config.entropy_coef, config.reward_clip_range) == (1.0, 0.001, 5.0)
+    with pytest.raises(ConfigError, match="loss_agg_mode must be one of"):
+        parse_train_args(["--loss_agg_mode", "sum"])
+
+
 def test_unknown_keys_are_errors(tmp_path):
     config_file = tmp_path / "bad.yaml"
     config_file.write_text("learning_rat: 0.001\n")
@@ -78,9 +93,14 @@ def test_cli_smoke_run(tmp_path, make_model, tokenizer):
         save_steps: 0
         beta: 0.0
         """))
-    result = subprocess.run([sys.executable, "-m", "rloo.cli", "train", "--config", str(config), "--learning_rate", "1e-4"],
-                            capture_output=True, text=True, timeout=300)
+    algorithm_flags = ["--advantage_estimator", "grpo", "--loss_agg_mode", "token-mean", "--epsilon_high", "0.3",
+                       "--num_mini_batches", "2", "--stop_strings", "9", "--missing_eos_penalty", "0.5"]
+    result = subprocess.run([sys.executable, "-m", "rloo.cli", "train", "--config", str(config), "--learning_rate", "1e-4",
+                             *algorithm_flags], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
-    assert json.loads((tmp_path / "out" / "rloo_config.json").read_text())["learning_rate"] == 1e-4
+    saved = json.loads((tmp_path / "out" / "rloo_config.json").read_text())
+    assert saved["learning_rate"] == 1e-4 and saved["advantage_estimator"] == "grpo" and saved["stop_strings"] == ["9"]
+    assert saved["num_mini_batches"] == 2 and saved["loss_agg_mode"] == "token-mean"
+    assert "clip_ratio/high_mean" in json.loads(lines[0])

@@ -58,6 +58,24 @@ def test_batch_sizes_count_completions_like_trl():
         (dict(max_completion_length=0), "max_completion_length"),
         (dict(logging_steps=0), "logging_steps"),
         (dict(num_completions_to_print=0), "num_completions_to_print"),
+        (dict(advantage_estimator="ppo"), "advantage_estimator must be one of .*'rloo'.*'reinforce_pp'"),
+        (dict(kl_penalty="reward"), "kl_penalty must be one of .*'sequence', 'token', 'loss'"),
+        (dict(kl_estimator="k4"), "kl_estimator must be one of .*'k1', 'k2', 'k3'"),
+        (dict(loss_agg_mode="mean"), "loss_agg_mode must be one of .*'token-mean'"),
+        (dict(epsilon=0.2, epsilon_high=0.1), "epsilon_high=0.1 is below epsilon=0.2"),
+        (dict(num_mini_batches=0), "num_mini_batches"),
+        (dict(save_steps=2, num_mini_batches=2, num_iterations=2), "multiple of num_iterations \\* num_mini_batches = 2 \\* 2 = 4"),
+        (dict(advantage_estimator="grpo", num_generations=1), "num_generations .*advantage_estimator='grpo'"),
+        (dict(advantage_estimator="reinforce_pp", num_generations=1), "num_generations .*'reinforce'"),
+        (dict(advantage_estimator="reinforce", num_generations=1, per_device_train_batch_size=1,
+              normalize_advantages=True), "normalize_rewards / normalize_advantages .* 1 completion"),
+        (dict(kl_penalty="token", advantage_estimator="grpo"), "kl_penalty='token'.*rescale"),
+        (dict(kl_penalty="token", normalize_advantages=True), "kl_penalty='token'.*normalize_advantages=True"),
+        (dict(entropy_coef=-0.01), "entropy_coef"),
+        (dict(missing_eos_penalty=-1.0), "missing_eos_penalty"),
+        (dict(reward_clip_range=0.0), "reward_clip_range"),
+        (dict(stop_strings=[""]), "stop_strings"),
+        (dict(stop_token_ids=[-3]), "stop_token_ids"),
     ],
 )
 def test_validation_errors_name_the_field(kwargs, message):
@@ -108,3 +126,26 @@ def test_every_field_has_a_docstring():
     docs = field_docs(RLOOConfig)
     missing = [f.name for f in dataclasses.fields(RLOOConfig) if not docs.get(f.name)]
     assert missing == []
+
+
+def test_allowed_combinations_are_not_errors():
+    RLOOConfig(beta=0.0, kl_estimator="k3")  # an estimator with no KL is harmless
+    RLOOConfig(beta=0.0, kl_penalty="loss")  # loads no reference, see the trainer tests
+    RLOOConfig(advantage_estimator="reinforce", num_generations=1, per_device_train_batch_size=1)  # no baseline
+    RLOOConfig(kl_penalty="token", advantage_estimator="drgrpo")
+
+
+def test_mini_batch_sizes():
+    config = RLOOConfig(per_device_train_batch_size=8, gradient_accumulation_steps=2, num_generations=4,
+                        num_mini_batches=3, num_iterations=2, save_steps=6)
+    # one mini-batch = one optimizer step = 16 completions; a rollout = 3 of them, spent twice
+    assert (config.completions_per_step, config.prompts_per_step) == (16, 4)
+    assert (config.completions_per_rollout, config.prompts_per_rollout, config.steps_per_rollout) == (48, 12, 6)
+
+
+def test_the_config_lists_the_same_names_as_the_math_modules():
+    from rloo import advantages, config, kl, loss
+
+    assert config.ADVANTAGE_ESTIMATORS == advantages.ADVANTAGE_ESTIMATORS
+    assert (config.KL_PENALTIES, config.KL_ESTIMATORS) == (kl.KL_PENALTIES, kl.KL_ESTIMATORS)
+    assert config.LOSS_AGG_MODES == loss.LOSS_AGG_MODES

@@ -1,5 +1,6 @@
 """The trainer end to end on tiny models: learning, accumulation invariance, KL, resume, saving."""
 
+import dataclasses
 import json
 
 import pytest
@@ -33,12 +34,30 @@ def test_reward_rises_end_to_end(tmp_path, make_model, tokenizer, digit_dataset)
     assert rewards[-1] > rewards[0] + 0.3, rewards
 
 
-def test_gradient_accumulation_matches_one_large_batch(tmp_path, make_model, tokenizer, digit_dataset):
-    common = dict(beta=0.05, max_grad_norm=0.0)
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(loss_agg_mode="seq-mean-token-sum"),
+        dict(loss_agg_mode="token-mean"),
+        dict(loss_agg_mode="seq-mean-token-mean"),
+        dict(loss_agg_mode="seq-mean-token-sum-norm"),
+        # per-token advantages, a KL term and an entropy term in the loss
+        dict(loss_agg_mode="token-mean", kl_penalty="token", entropy_coef=0.01),
+        dict(loss_agg_mode="seq-mean-token-mean", kl_penalty="loss", kl_estimator="k3", entropy_coef=0.01),
+    ],
+    ids=lambda options: "-".join(str(v) for v in options.values()),
+)
+def test_gradient_accumulation_matches_one_large_batch(tmp_path, make_model, tokenizer, digit_dataset, options):
+    common = dict(beta=0.05, max_grad_norm=0.0, **options)
     large = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=8,
                         gradient_accumulation_steps=1, **common), train_dataset=digit_dataset, processing_class=tokenizer)
+    large.reference = make_model(seed=1)  # a reference unlike the policy, so that the KL is not zero
     rollout, _ = large._generate_and_score([digit_dataset[i] for i in range(2)])
-    assert rollout.advantages.abs().sum() > 0
+    assert rollout.advantages.abs().sum() > 0 and rollout.seq_kl.abs().sum() > 0
+    rollout.trained = torch.tensor([True, False, True, True, True, True, False, True])  # as masked truncations
+    lengths = rollout.loss_mask().sum(dim=1)
+    # the two micro-batches hold different numbers of tokens, so a per-micro-batch token mean would differ
+    assert lengths[:4].sum() != lengths[4:].sum() or options["loss_agg_mode"] != "token-mean"
     large._accumulate_gradients(rollout)
     small = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=4,
                         gradient_accumulation_steps=2, **common), train_dataset=digit_dataset, processing_class=tokenizer)
@@ -208,3 +227,107 @@ def test_dataset_errors(tmp_path, make_model, tokenizer, digit_dataset):
     with pytest.raises(ValueError, match="one optimizer step needs"):
         RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=4 * 100),
                     train_dataset=digit_dataset, processing_class=tokenizer)
+
+
+def _rollout_with_kl(tmp_path, make_model, tokenizer, digit_dataset, **options):
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, beta=0.5, max_grad_norm=0.0, **options),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.reference = make_model(seed=1)  # a reference unlike the policy, so that the KL is not zero
+    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    return trainer, rollout
+
+
+def _grads(model):
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
+
+def test_token_kl_gives_a_different_gradient_than_sequence_kl(tmp_path, make_model, tokenizer, digit_dataset):
+    token_trainer, rollout = _rollout_with_kl(tmp_path, make_model, tokenizer, digit_dataset, kl_penalty="token")
+    assert rollout.token_advantages is not None
+    # the first token's advantage is the sequence one; later ones add back the KL before them
+    torch.testing.assert_close(rollout.token_advantages[:, 0], rollout.advantages)
+    torch.testing.assert_close(rollout.rewards, rollout.scores - 0.5 * rollout.seq_kl)
+    token_trainer._accumulate_gradients(rollout)
+    sequence_trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, beta=0.5, max_grad_norm=0.0),
+                                   train_dataset=digit_dataset, processing_class=tokenizer)
+    rollout.token_advantages = None  # the same samples, rewards and advantages, sequence KL
+    sequence_trainer._accumulate_gradients(rollout)
+    token_grad, sequence_grad = _grads(token_trainer.model), _grads(sequence_trainer.model)
+    assert (token_grad - sequence_grad).norm() > 1e-3 * sequence_grad.norm()
+
+
+def test_kl_in_the_loss_leaves_the_reward_alone(tmp_path, make_model, tokenizer, digit_dataset):
+    trainer, rollout = _rollout_with_kl(tmp_path, make_model, tokenizer, digit_dataset, kl_penalty="loss",
+                                        kl_estimator="k3")
+    torch.testing.assert_close(rollout.rewards, rollout.scores)  # not penalised
+    assert rollout.ref_logps is not None and (rollout.seq_kl > 0).all()  # k3 >= 0, measured for the logs
+    stats = trainer._accumulate_gradients(rollout)
+    assert stats["loss/kl_avg"] > 0
+    no_reference = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, kl_penalty="loss", beta=0.0),
+                               train_dataset=digit_dataset, processing_class=tokenizer)
+    assert no_reference.reference is None
+
+
+def test_mini_batches_split_each_rollout_into_optimizer_steps(tmp_path, make_model, tokenizer, digit_dataset):
+    args = _config(tmp_path, per_device_train_batch_size=4, num_mini_batches=2, num_iterations=2, max_steps=8,
+                   learning_rate=3e-2, epsilon=0.05, epsilon_high=0.1, save_steps=4)
+    assert (args.completions_per_rollout, args.prompts_per_rollout, args.steps_per_rollout) == (8, 2, 4)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    assert (trainer.num_rollouts, trainer.total_steps) == (2, 8)
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["episode"] for line in lines] == [8] * 4 + [16] * 4  # one rollout of 8 per 4 steps
+    assert lines[0]["val/ratio"] == pytest.approx(1.0, abs=1e-5)  # first mini-batch: pi == pi_old
+    assert lines[1]["val/ratio_var"] > 0  # the second mini-batch is already off-policy
+    for line in lines:
+        assert line["policy/clipfrac_avg"] == pytest.approx(line["clip_ratio/low_mean"] + line["clip_ratio/high_mean"])
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
+
+
+def test_stop_strings_stop_tokens_and_truncation_shaping(tmp_path, make_model, tokenizer, digit_dataset):
+    stop_token = tokenizer.convert_tokens_to_ids("7")
+    args = _config(tmp_path, stop_strings=["3"], stop_token_ids=[stop_token], missing_eos_penalty=0.5,
+                   mask_truncated_completions=True, per_device_train_batch_size=32)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    assert trainer.sampler.eos_token_ids == [tokenizer.eos_token_id, stop_token]
+    rollout, samples = trainer._generate_and_score([digit_dataset[i] for i in range(8)])
+    raw = torch.tensor(digit_fraction(samples["completions"]))
+    lengths = rollout.completion_mask.sum(dim=1)
+    for row, (text, ended) in enumerate(zip(samples["completions"], rollout.has_eos.tolist())):
+        assert "3" not in text[:-1] and "7" not in text[:-1]  # nothing follows a stop
+        last = rollout.completion_ids[row, lengths[row] - 1].item()
+        assert ended == (text.endswith("3") or last in (stop_token, tokenizer.eos_token_id))
+    assert not rollout.has_eos.all() and rollout.has_eos.any()
+    torch.testing.assert_close(rollout.scores, raw - 0.5 * (~rollout.has_eos).float())
+    assert rollout.trained.tolist() == rollout.has_eos.tolist()
+
+
+def test_reinforce_with_one_completion_per_prompt_and_normalised_rewards(tmp_path, make_model, tokenizer, digit_dataset):
+    args = _config(tmp_path, advantage_estimator="reinforce", num_generations=1, normalize_rewards=True,
+                   normalize_advantages=True, max_steps=2)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    metrics = trainer.train()
+    assert metrics["reward"] > 0 and metrics["reward_std"] == 0  # the raw score is logged, not the z-score
+    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(8)])
+    torch.testing.assert_close(rollout.scores.mean(), torch.tensor(0.0), atol=1e-5, rtol=0)
+    torch.testing.assert_close(rollout.advantages.std(unbiased=False), torch.tensor(1.0), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["seq-mean-token-sum", "token-mean"])
+def test_masked_completions_contribute_no_gradient(tmp_path, make_model, tokenizer, digit_dataset, loss_agg_mode):
+    def gradient(advantages):
+        trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, loss_agg_mode=loss_agg_mode),
+                              train_dataset=digit_dataset, processing_class=tokenizer)
+        trainer._accumulate_gradients(dataclasses.replace(rollout, advantages=advantages))
+        return _grads(trainer.model)
+
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    rollout.trained = torch.tensor([True, False, True, True, False, True, True, True])
+    rollout.advantages = torch.tensor([1.0, 0.0, -1.0, 0.5, 0.0, 2.0, -0.5, -2.0])
+    changed = rollout.advantages.clone()
+    changed[[1, 4]] = torch.tensor([50.0, -50.0])  # only the masked completions change
+    torch.testing.assert_close(gradient(changed), gradient(rollout.advantages))
+    changed[0] = 50.0  # a trained one: the gradient must move
+    assert not torch.allclose(gradient(changed), gradient(rollout.advantages))

@@ -89,3 +89,16 @@ def test_a_failing_reward_stops_training_naming_function_step_and_sample(tmp_pat
                                           r" *completion: 6"):
         trainer.train()
     assert trainer.global_step == 1  # step 0 trained, step 1 stopped before its update
+
+
+def test_unscored_completions_carry_no_loss_weight(tmp_path, make_model, tokenizer, digit_dataset):
+    def first_of_group_unscored(completions, **kwargs):
+        return [None if i % 4 == 0 else float(len(c)) for i, c in enumerate(completions)]
+
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=5, max_steps=1, save_steps=0, beta=0.0)
+    trainer = RLOOTrainer(make_model(), first_of_group_unscored, args=args, train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    assert rollout.trained.tolist() == [False, True, True, True] * 2
+    assert rollout.advantages[[0, 4]].tolist() == [0.0, 0.0]

@@ -6,6 +6,11 @@ consumes `per_device_train_batch_size * gradient_accumulation_steps` completions
 `prompts_per_step` whole groups of `num_generations` completions. A group is generated,
 scored and baselined together and never straddles two processes or two optimizer steps.
 
+With `num_mini_batches` M > 1 (TRL v0 style) that product is ONE MINI-BATCH: each rollout generates
+`completions_per_rollout = completions_per_step * M` completions, computes their advantages together,
+and spends them in M optimizer steps, `num_iterations` times over: a rollout is
+`steps_per_rollout = num_iterations * M` optimizer steps.
+
 The config fails loudly on bad values and never rewrites what the user gave. The names that
 TRL v0 and the seed scripts use (`kl_coef`, `rloo_k`, `cliprange`, `num_ppo_epochs`,
 `response_length`) are accepted as keyword aliases of the canonical fields.
@@ -47,6 +52,11 @@ OPTIMIZERS = ("adamw_torch", "adamw_8bit")
 REPORT_TO = ("none", "tensorboard", "wandb")
 TRUNCATE_PROMPTS = ("left", "error")
 SAMPLERS = ("fast", "generate")
+# Kept here (not imported from the math modules) so that the config imports no torch.
+ADVANTAGE_ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")
+KL_PENALTIES = ("sequence", "token", "loss")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 class ConfigError(ValueError):
@@ -107,7 +117,14 @@ class RLOOConfig:
     are generated and scored together."""
     num_generations: int = 2
     """K, the completions sampled per prompt. The leave-one-out baseline of each completion is
-    the mean reward of the other K-1, so K must be at least 2. TRL v0 called it rloo_k."""
+    the mean reward of the other K-1, so K must be at least 2 (K = 1 is allowed only with
+    advantage_estimator="reinforce", which has no baseline). TRL v0 called it rloo_k."""
+    num_mini_batches: int = 1
+    """Optimizer steps each rollout is split into. per_device_train_batch_size *
+    gradient_accumulation_steps completions make one mini-batch (one optimizer step), so a rollout
+    generates that times num_mini_batches completions; their advantages are computed together and
+    the mini-batches are taken in order (groups contiguous). Above 1 every step after the first is
+    off-policy and uses the clipped ratio. TRL v0: num_mini_batches."""
 
     # --- sampling ---
     max_prompt_length: int = 512
@@ -132,18 +149,65 @@ class RLOOConfig:
     """Sampling backend: "fast" prefills each prompt once, shares its KV cache across its K samples
     and decodes in a lean loop (rloo.decoding.FastSampler); "generate" calls Hugging Face
     `generate` (slower, the reference). Both draw from the same distribution."""
+    stop_strings: list[str] | None = None
+    """Strings that end a completion: it is cut after the first one (the string kept, as
+    generate(stop_strings=...) does) and counts as ended, like EOS. Matched on decoded text after
+    sampling, so the sampler may run past them."""
+    stop_token_ids: list[int] | None = None
+    """Token ids that end a completion like EOS (kept in the completion, counted as ended)."""
 
     # --- the RLOO objective ---
+    advantage_estimator: str = "rloo"
+    """How rewards become advantages, within each prompt's group of K: "rloo" (default: r_i minus
+    the mean of the other K-1, unbiased), "grpo" ((r - mean) / (std + 1e-4)), "drgrpo" (r - mean,
+    the mean including r_i), "reinforce" (r, no baseline), "reinforce_pp" (r - group mean, then
+    whitened over the batch; REINFORCE++-baseline)."""
     beta: float = 0.05
-    """KL coefficient. The reward is score - beta * sum_t (log pi - log pi_ref), folded in before
-    the baseline as in the paper. With beta = 0 no reference model is loaded. TRL v0: kl_coef."""
+    """KL coefficient. By default the reward is score - beta * sum_t kl_t, folded in before the
+    baseline as in the paper (see kl_penalty). With beta = 0 no reference model is loaded. TRL v0: kl_coef."""
+    kl_penalty: str = "sequence"
+    """Where the KL to the reference goes: "sequence" (default: beta * summed KL subtracted from the
+    reward before the baseline), "token" (the same penalty, but each token's advantage counts only
+    the KL at and after it, its reward-to-go: A_it = A_i + beta * sum_{s<t} kl_is), or "loss"
+    (beta * kl_t with grad added to the per-token loss, aggregated by loss_agg_mode, as in GRPO;
+    the reward is not penalised)."""
+    kl_estimator: str = "k1"
+    """Per-token KL estimator, with log r = log pi - log pi_ref: "k1" (log r, unbiased, the default),
+    "k2" (0.5 * (log r)^2, >= 0), "k3" ((pi_ref/pi - 1) - log(pi_ref/pi), unbiased and >= 0)."""
     num_iterations: int = 1
     """Optimizer passes over each generated batch. Above 1 the loss uses the PPO-style clipped
-    sequence ratio against the log-probs at generation time. TRL v0: num_ppo_epochs."""
+    ratio against the log-probs at generation time. TRL v0: num_ppo_epochs."""
     epsilon: float = 0.2
-    """Clip range of the sequence ratio pi/pi_old (1 - epsilon, 1 + epsilon). TRL v0: cliprange."""
+    """Lower clip range of the ratio pi/pi_old: it is clipped to [1 - epsilon, 1 + epsilon_high]. TRL v0: cliprange."""
+    epsilon_high: float | None = None
+    """Upper clip range of the ratio (DAPO's clip-higher); None uses epsilon (symmetric clipping)."""
+    loss_agg_mode: str = "seq-mean-token-sum"
+    """How per-token terms become the step's loss. "seq-mean-token-sum" (default, RLOO: a completion
+    is one action; sum over its tokens, divided by the completions in the optimizer step);
+    "token-mean" (sum over all tokens divided by the completion tokens in the optimizer step);
+    "seq-mean-token-mean" (each completion's token mean, divided by the completions in the step);
+    "seq-mean-token-sum-norm" (token sum divided by max_completion_length, then by the completions
+    in the step; Dr. GRPO). Every mode but the default (and the default with kl_penalty="token") uses
+    per-token ratios and clipping, as GRPO does."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: entropy_coef * entropy_t is subtracted from each token's loss (aggregated by
+    loss_agg_mode). 0 (default) keeps entropy a logged metric and computes it without grad."""
     reward_weights: list[float] | None = None
     """Weight of each reward function in the summed score, in the order given; None weighs all 1."""
+
+    # --- reward shaping (applied in this order, before the KL and the baseline) ---
+    missing_eos_penalty: float | None = None
+    """Subtracted from the score of every completion that ended neither with EOS, a stop token nor a
+    stop string (it hit max_completion_length). None disables."""
+    normalize_rewards: bool = False
+    """Z-score the scores over the process's rollout, (s - mean) / (std + 1e-8), before the KL and the baseline."""
+    reward_clip_range: float | None = None
+    """Clip the scores (after normalize_rewards) to [-reward_clip_range, reward_clip_range]. None disables."""
+    normalize_advantages: bool = False
+    """Whiten the advantages over the process's rollout, (A - mean) / (std + 1e-8), after the estimator."""
+    mask_truncated_completions: bool = False
+    """Give completions that hit max_completion_length without ending zero weight in the loss; they
+    also leave the loss denominators. Their rewards still enter the baselines."""
 
     # --- length of training ---
     max_steps: int = -1
@@ -181,8 +245,23 @@ class RLOOConfig:
 
     @property
     def prompts_per_step(self) -> int:
-        """Prompts (groups) one process generates per optimizer step."""
+        """Prompts (groups) in one optimizer step's mini-batch on one process."""
         return self.completions_per_step // self.num_generations
+
+    @property
+    def completions_per_rollout(self) -> int:
+        """Completions one process generates per rollout: num_mini_batches mini-batches."""
+        return self.completions_per_step * self.num_mini_batches
+
+    @property
+    def prompts_per_rollout(self) -> int:
+        """Prompts (groups) one process generates per rollout."""
+        return self.completions_per_rollout // self.num_generations
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps spent on each rollout: num_iterations passes of num_mini_batches steps."""
+        return self.num_iterations * self.num_mini_batches
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -234,14 +313,25 @@ def _validate(c: RLOOConfig) -> None:
             raise ConfigError(message)
 
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_prompt_length",
-                 "max_completion_length", "num_iterations", "logging_steps", "num_completions_to_print"):
+                 "max_completion_length", "num_iterations", "num_mini_batches", "logging_steps",
+                 "num_completions_to_print"):
         value = getattr(c, name)
         require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                 f"{name} must be a positive integer, got {value!r}.")
-    require(isinstance(c.num_generations, int) and c.num_generations >= 2,
-            f"num_generations (K) must be at least 2: the leave-one-out baseline of each completion "
-            f"averages the other K-1 completions of its prompt, so K={c.num_generations!r} leaves none "
-            f"and nothing would be learned. Set num_generations >= 2 (4 is typical).")
+    for name, value, choices in (("advantage_estimator", c.advantage_estimator, ADVANTAGE_ESTIMATORS),
+                                 ("kl_penalty", c.kl_penalty, KL_PENALTIES),
+                                 ("kl_estimator", c.kl_estimator, KL_ESTIMATORS),
+                                 ("loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)):
+        require(value in choices, f"{name} must be one of {choices}, got {value!r}.")
+    if c.advantage_estimator == "reinforce":
+        require(isinstance(c.num_generations, int) and c.num_generations >= 1,
+                f"num_generations must be a positive integer, got {c.num_generations!r}.")
+    else:
+        require(isinstance(c.num_generations, int) and c.num_generations >= 2,
+                f"num_generations (K) must be at least 2 with advantage_estimator={c.advantage_estimator!r}: "
+                f"its baseline compares each completion with the other completions of its prompt, so "
+                f"K={c.num_generations!r} leaves none and nothing would be learned. Set num_generations >= 2 "
+                f"(4 is typical), or use advantage_estimator='reinforce' (no baseline).")
     _exact_div(
         c.completions_per_step, c.num_generations,
         f"per_device_train_batch_size * gradient_accumulation_steps = {c.per_device_train_batch_size} * "
@@ -272,6 +362,34 @@ def _validate(c: RLOOConfig) -> None:
     require(c.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {c.sampler!r}.")
     require(c.beta >= 0, f"beta (KL coefficient) must be >= 0, got {c.beta!r}.")
     require(c.epsilon > 0, f"epsilon (clip range) must be > 0, got {c.epsilon!r}.")
+    require(c.epsilon_high is None or c.epsilon_high >= c.epsilon,
+            f"epsilon_high={c.epsilon_high!r} is below epsilon={c.epsilon!r}: clip-higher (DAPO) widens the "
+            f"upper side only. Set epsilon_high >= epsilon, or leave it unset for symmetric clipping.")
+    require(c.entropy_coef >= 0, f"entropy_coef must be >= 0 (a bonus; 0 disables), got {c.entropy_coef!r}.")
+    require(c.missing_eos_penalty is None or c.missing_eos_penalty >= 0,
+            f"missing_eos_penalty must be >= 0 (it is subtracted from the score) or unset, got {c.missing_eos_penalty!r}.")
+    require(c.reward_clip_range is None or c.reward_clip_range > 0,
+            f"reward_clip_range must be > 0 or unset, got {c.reward_clip_range!r}.")
+    require(c.stop_strings is None or (len(c.stop_strings) > 0 and all(isinstance(t, str) and t for t in c.stop_strings)),
+            f"stop_strings must be a non-empty list of non-empty strings or unset, got {c.stop_strings!r}.")
+    require(c.stop_token_ids is None or (len(c.stop_token_ids) > 0 and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in c.stop_token_ids)),
+            f"stop_token_ids must be a non-empty list of token ids (integers >= 0) or unset, got {c.stop_token_ids!r}.")
+    if c.kl_penalty == "token":
+        require(c.advantage_estimator in ("rloo", "drgrpo", "reinforce") and not c.normalize_advantages,
+                f"kl_penalty='token' adds the KL reward-to-go to each token's advantage in reward units, but "
+                f"advantage_estimator={c.advantage_estimator!r} / normalize_advantages={c.normalize_advantages} "
+                f"rescale advantages by a std. Use advantage_estimator 'rloo', 'drgrpo' or 'reinforce' without "
+                f"normalize_advantages, or kl_penalty='sequence' or 'loss'.")
+    if c.kl_penalty == "loss" and c.kl_estimator == "k1" and c.beta > 0:
+        # Allowed (the user's choice stands), but worth a word: E_pi[grad log pi] = 0.
+        logger.warning("kl_penalty='loss' with kl_estimator='k1': the gradient of the k1 term, beta * grad log pi, "
+                       "is zero in expectation on-policy, so it only adds noise. GRPO uses kl_estimator='k3'.")
+    if c.normalize_rewards or c.normalize_advantages:
+        require(c.completions_per_rollout >= 2,
+                f"normalize_rewards / normalize_advantages whiten over the {c.completions_per_rollout} completion(s) "
+                f"of a rollout on one process; one completion has no spread. Raise per_device_train_batch_size, "
+                f"gradient_accumulation_steps, num_mini_batches or num_generations, or turn normalisation off.")
     require(c.max_steps == -1 or c.max_steps >= 1, f"max_steps must be -1 or >= 1, got {c.max_steps!r}.")
     require(c.num_train_epochs > 0, f"num_train_epochs must be > 0, got {c.num_train_epochs!r}.")
     require(c.total_episodes is None or c.total_episodes >= 1,
@@ -281,9 +399,10 @@ def _validate(c: RLOOConfig) -> None:
     require(c.save_steps >= 0, f"save_steps must be >= 0 (0 disables checkpoints), got {c.save_steps!r}.")
     if c.save_steps > 0:
         _exact_div(
-            c.save_steps, c.num_iterations,
-            f"save_steps={c.save_steps} must be a multiple of num_iterations={c.num_iterations}: a checkpoint "
-            f"is written between generated batches so that resuming repeats nothing. Change save_steps.",
+            c.save_steps, c.steps_per_rollout,
+            f"save_steps={c.save_steps} must be a multiple of num_iterations * num_mini_batches = "
+            f"{c.num_iterations} * {c.num_mini_batches} = {c.steps_per_rollout}, the optimizer steps of one "
+            f"rollout: a checkpoint is written between rollouts so that resuming repeats nothing. Change save_steps.",
         )
     require(c.save_total_limit is None or c.save_total_limit >= 1,
             f"save_total_limit must be >= 1 or unset, got {c.save_total_limit!r}.")

@@ -37,9 +37,11 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     return picked - log_normalizer
 
 
-@torch.no_grad()
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the softmax distribution at every position, a block of rows at a time, without grad.
+    """Entropy of the softmax distribution at every position, a block of rows at a time.
+
+    It carries grad when grad is enabled (the entropy bonus needs it); callers that only log it
+    run it under `torch.no_grad()`.
 
     Args:
         logits: (B, T, V) unnormalised scores.
@@ -66,6 +68,7 @@ def completion_logprobs(
     completion_length: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens of prompt+completion rows.
 
@@ -75,7 +78,8 @@ def completion_logprobs(
         attention_mask: (B, P + C) 1 for real tokens.
         completion_length: C, the number of trailing completion positions.
         temperature: logits are divided by it, matching the sampling distribution.
-        with_entropy: also return per-token entropies (no grad).
+        with_entropy: also return per-token entropies.
+        entropy_grad: let the entropies carry grad (for entropy_coef > 0); otherwise they are detached.
 
     Returns:
         (B, C) fp32 log-probs of the completion tokens, and (B, C) entropies or None.
@@ -92,5 +96,8 @@ def completion_logprobs(
     if temperature != 1.0:
         logits = logits / temperature
     logps = selective_log_softmax(logits, input_ids[:, -completion_length:])  # (B, C)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            entropy = entropy_from_logits(logits)
     return logps, entropy

@@ -1,13 +1,16 @@
 """RLOOTrainer: REINFORCE Leave-One-Out, one loop that reads top to bottom.
 
-Each optimizer step on each process:
-  1. takes `prompts_per_step` prompts and samples K = num_generations completions of each;
-  2. scores every completion with the reward functions;
-  3. when beta > 0, folds the sequence KL to the frozen reference into the reward:
-     r = score - beta * sum_t (log pi - log pi_ref);
-  4. computes leave-one-out advantages A_i = r_i - (sum_j r_j - r_i) / (K - 1) within each group;
-  5. minimises -A * log pi(y|x) over the whole completion (PPO-style clipped sequence ratio when
-     num_iterations > 1 reuses the batch), accumulating micro-batches with an explicit denominator;
+Each rollout on each process:
+  1. takes `prompts_per_rollout` prompts and samples K = num_generations completions of each
+     (cut at stop strings);
+  2. scores every completion with the reward functions and shapes the scores (`shaping`);
+  3. when beta > 0, folds the sequence KL to the frozen reference into the reward (kl_penalty
+     "sequence" or "token"): r = score - beta * sum_t kl_t;
+  4. computes advantages within each group of K (default: leave-one-out,
+     A_i = r_i - (sum_j r_j - r_i) / (K - 1); see `advantages`);
+  5. spends the rollout in num_iterations * num_mini_batches optimizer steps, each minimising
+     -A * log pi(y|x) (PPO-style clipped ratio once the batch is off-policy), accumulating
+     micro-batches with a denominator computed for the whole step;
   6. logs, checkpoints, and goes on.
 
 Accelerate owns devices, processes, mixed precision, trackers and saved state; this file owns the
@@ -34,17 +37,19 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
 
-from .advantages import leave_one_out_advantages
+from .advantages import compute_advantages, whiten
 from .config import RLOOConfig
 from .decoding import FastSampler
 from .data import PromptSchedule, select_rows
-from .kl import kl_penalized_reward, sequence_kl
+from .kl import kl_penalized_reward, token_kl, token_kl_advantages
 from .logprobs import completion_logprobs
-from .loss import clipped_sequence_loss
+from .loss import PolicyLossOutput, clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
 from .prompts import as_completions, check_prompt_dataset, check_prompt_lengths, tokenize_prompts
 from .reporting import JsonlSink, MetricsWindow, completions_table, format_metrics, print_table, write_completions
-from .sampling import GenerateSampler, Sampler
+from .sampling import GenerateSampler, SampledBatch, Sampler
 from .scoring import TRAINER_ARGUMENTS, build_reward_functions, reward_function_metrics, score_completions
+from .shaping import shape_scores
+from .stopping import cut_at_stop_strings
 
 logger = logging.getLogger(__name__)
 
@@ -54,22 +59,26 @@ ACCELERATE_STATE = "accelerate_state"
 
 @dataclass
 class Rollout:
-    """One process's batch for one optimizer step: whole groups, scored and baselined.
+    """One process's generated batch: whole groups, scored and baselined.
 
-    Rows are group-contiguous: row p*K + k is completion k of prompt p. B = prompts_per_step * K.
+    Rows are group-contiguous: row p*K + k is completion k of prompt p. B = prompts_per_rollout * K.
     """
 
     prompt_ids: torch.Tensor  # (B, P) left-padded
     prompt_mask: torch.Tensor  # (B, P)
     completion_ids: torch.Tensor  # (B, C) right-padded
-    completion_mask: torch.Tensor  # (B, C) 1 up to and including EOS
-    old_logps: torch.Tensor | None  # (B, C) log-probs at sampling time; None when unused
-    scores: torch.Tensor  # (B,) weighted reward-function scores
+    completion_mask: torch.Tensor  # (B, C) 1 up to and including EOS (or the stop token / string)
+    old_logps: torch.Tensor | None  # (B, C) log-probs at sampling time; None when the batch is used once
+    ref_logps: torch.Tensor | None  # (B, C) reference log-probs, kept for kl_penalty="loss"; else None
+    raw_scores: torch.Tensor  # (B,) weighted reward-function scores, as returned (logged as "reward")
     reward_columns: torch.Tensor  # (B, F) each reward function's value, NaN where it returned None
-    seq_kl: torch.Tensor  # (B,) sequence KL to the reference (zeros when beta == 0)
-    rewards: torch.Tensor  # (B,) scores - beta * seq_kl
-    advantages: torch.Tensor  # (B,) leave-one-out advantages
-    has_eos: torch.Tensor  # (B,) bool
+    scores: torch.Tensor  # (B,) the scores after shaping (missing_eos_penalty, normalize_rewards, clipping)
+    seq_kl: torch.Tensor  # (B,) sequence KL to the reference at sampling time (zeros when beta == 0)
+    rewards: torch.Tensor  # (B,) scores - beta * seq_kl (scores alone for kl_penalty="loss")
+    advantages: torch.Tensor  # (B,) advantages of the rewards
+    token_advantages: torch.Tensor | None  # (B, C) per-token advantages for kl_penalty="token"; else None
+    has_eos: torch.Tensor  # (B,) bool, the completion ended (EOS, stop token or stop string)
+    trained: torch.Tensor  # (B,) bool, the completion carries loss weight (scored, and see mask_truncated_completions)
 
     def micro_batch(self, start: int, size: int) -> "Rollout":
         """Rows [start, start + size), with padding columns that every row shares trimmed off."""
@@ -78,19 +87,31 @@ class Rollout:
         completion_mask = self.completion_mask[rows]
         first = int((prompt_mask.sum(0) > 0).nonzero()[0])  # first prompt column any row uses
         last = int((completion_mask.sum(0) > 0).nonzero()[-1]) + 1  # past the last completion column used
+
+        def columns(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor[rows, :last]
+
         return Rollout(
             prompt_ids=self.prompt_ids[rows, first:],
             prompt_mask=prompt_mask[:, first:],
             completion_ids=self.completion_ids[rows, :last],
             completion_mask=completion_mask[:, :last],
-            old_logps=None if self.old_logps is None else self.old_logps[rows, :last],
+            old_logps=columns(self.old_logps),
+            ref_logps=columns(self.ref_logps),
+            raw_scores=self.raw_scores[rows],
             scores=self.scores[rows],
             reward_columns=self.reward_columns[rows],
             seq_kl=self.seq_kl[rows],
             rewards=self.rewards[rows],
             advantages=self.advantages[rows],
+            token_advantages=columns(self.token_advantages),
             has_eos=self.has_eos[rows],
+            trained=self.trained[rows],
         )
+
+    def loss_mask(self) -> torch.Tensor:
+        """(B, C) float: 1 for completion tokens of completions that carry loss weight."""
+        return self.completion_mask.float() * self.trained.float().unsqueeze(-1)
 
 
 class RLOOTrainer:
@@ -168,7 +189,7 @@ class RLOOTrainer:
             policy.config.use_cache = False
 
         # --- frozen reference: not loaded at all when beta == 0; adapters disabled under LoRA ---
-        reference = None
+        reference = None  # kl_penalty="loss" with beta == 0 loads none either
         if args.beta > 0 and not self._is_peft:
             reference = copy.deepcopy(policy).eval().requires_grad_(False)
 
@@ -182,7 +203,7 @@ class RLOOTrainer:
         # --- optimizer and schedule ---
         self.schedule = PromptSchedule(
             num_rows=len(train_dataset),
-            prompts_per_process=args.prompts_per_step,
+            prompts_per_process=args.prompts_per_rollout,
             num_processes=self.accelerator.num_processes,
             seed=args.seed,
             shuffle=args.shuffle_dataset,
@@ -210,7 +231,7 @@ class RLOOTrainer:
         sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
         self.sampler: Sampler = sampler_class(
             pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_ids=[self.tokenizer.eos_token_id],
+            eos_token_ids=[self.tokenizer.eos_token_id, *(args.stop_token_ids or [])],
             max_new_tokens=args.max_completion_length,
             temperature=args.temperature,
             top_p=args.top_p,
@@ -245,8 +266,8 @@ class RLOOTrainer:
             self.episode += episodes
             window_episodes += episodes
 
-            for _ in range(args.num_iterations):  # step 5: reuse the batch num_iterations times
-                step_stats = self._optimizer_step(rollout)
+            for mini_batch in self._mini_batches(rollout):  # step 5: num_iterations * num_mini_batches steps
+                step_stats = self._optimizer_step(mini_batch)
                 self.global_step += 1
                 window.add({**rollout_stats, **step_stats})
                 progress.update(1)
@@ -281,10 +302,8 @@ class RLOOTrainer:
         k = args.num_generations
         prompts = [row["prompt"] for row in rows]
 
-        # 1. Sample K completions of each prompt (groups contiguous: row p*K + k).
-        prompt_token_ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs)
-        with acc.autocast():
-            sampled = self.sampler.sample(acc.unwrap_model(self.model), prompt_token_ids, k)
+        # 1. Sample K completions of each prompt (groups contiguous: row p*K + k), cut at stop strings.
+        sampled = self._sample(prompts)
         completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.completion_ids, sampled.completion_mask)]
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         repeated_prompts = [p for p in prompts for _ in range(k)]
@@ -301,45 +320,80 @@ class RLOOTrainer:
                 arguments[column] = [row[column] for row in rows for _ in range(k)]
         scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
                                    step=self.global_step)
-        scores = scored.scores.to(sampled.completion_ids.device)  # (B,)
-        valid = scored.valid.to(scores.device)  # (B,) False where no reward function applied
+        raw_scores = scored.scores.to(sampled.completion_ids.device)  # (B,)
+        valid = scored.valid.to(raw_scores.device)  # (B,) False where no reward function applied
+        scores = shape_scores(raw_scores, sampled.has_eos, args.missing_eos_penalty, args.normalize_rewards,
+                              args.reward_clip_range, valid)  # (B,)
 
-        # 3. Fold the sequence KL into the reward before the baseline (only when it is used).
+        # 3. Fold the KL into the reward before the baseline (kl_penalty "sequence" and "token").
         input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)  # (B, P + C)
         attention_mask = torch.cat([sampled.prompt_mask, sampled.completion_mask], dim=1)
-        old_logps = None
-        seq_kl = torch.zeros_like(scores)
-        if args.beta > 0 or args.num_iterations > 1:
-            old_logps = self._batched_logprobs(acc.unwrap_model(self.model), input_ids, attention_mask, sampled.completion_ids.shape[1])
+        completion_length, mask = sampled.completion_ids.shape[1], sampled.completion_mask
+        old_logps = ref_logps = None
+        token_kls = torch.zeros_like(mask, dtype=torch.float32)  # (B, C)
+        if args.beta > 0 or args.steps_per_rollout > 1:
+            old_logps = self._batched_logprobs(acc.unwrap_model(self.model), input_ids, attention_mask, completion_length)
         if args.beta > 0:
             with self._reference_model() as reference:
-                ref_logps = self._batched_logprobs(reference, input_ids, attention_mask, sampled.completion_ids.shape[1])
-            seq_kl = sequence_kl(old_logps, ref_logps, sampled.completion_mask)  # (B,)
-        rewards = kl_penalized_reward(scores, seq_kl, args.beta)  # (B,)
+                ref_logps = self._batched_logprobs(reference, input_ids, attention_mask, completion_length)
+            token_kls = token_kl(old_logps, ref_logps, args.kl_estimator) * mask  # (B, C)
+        seq_kl = token_kls.sum(dim=1)  # (B,) measured in every mode, penalised in two
+        rewards = scores if args.kl_penalty == "loss" else kl_penalized_reward(scores, seq_kl, args.beta)  # (B,)
 
-        # 4. Leave-one-out advantages within each group of K; unscored completions sit out.
-        advantages = leave_one_out_advantages(rewards.view(-1, k), valid.view(-1, k)).view(-1)  # (B,)
+        # 4. Advantages within each group of K (unscored completions sit out), optionally whitened.
+        advantages = compute_advantages(rewards.view(-1, k), args.advantage_estimator, valid.view(-1, k)).view(-1)  # (B,)
+        if args.normalize_advantages:
+            advantages = whiten(advantages, valid)
+        token_advantages = None
+        if args.kl_penalty == "token" and args.beta > 0:  # each token's return counts only the KL after it
+            token_advantages = token_kl_advantages(advantages, token_kls, mask, args.beta)  # (B, C)
 
         rollout = Rollout(
             prompt_ids=sampled.prompt_ids,
             prompt_mask=sampled.prompt_mask,
             completion_ids=sampled.completion_ids,
-            completion_mask=sampled.completion_mask,
-            old_logps=old_logps if args.num_iterations > 1 else None,
+            completion_mask=mask,
+            old_logps=old_logps if args.steps_per_rollout > 1 else None,
+            ref_logps=ref_logps if args.kl_penalty == "loss" else None,
+            raw_scores=raw_scores,
             scores=scores,
             reward_columns=scored.per_function.to(scores.device),
             seq_kl=seq_kl,
             rewards=rewards,
             advantages=advantages,
+            token_advantages=token_advantages,
             has_eos=sampled.has_eos,
+            trained=valid & (sampled.has_eos | (not args.mask_truncated_completions)),
         )
         return rollout, {"prompts": arguments["prompts"], "completions": completions}
 
+    def _sample(self, prompts: list[str]) -> SampledBatch:
+        """K completions of each prompt, cut after the first stop string (which then counts as an end)."""
+        acc = self.accelerator
+        with acc.autocast():
+            prompt_ids = tokenize_prompts(prompts, self.tokenizer, self.args.max_prompt_length,
+                                          self.args.chat_template_kwargs)
+            sampled = self.sampler.sample(acc.unwrap_model(self.model), prompt_ids, self.args.num_generations)
+        if self.args.stop_strings:
+            sampled.completion_ids, sampled.completion_mask, sampled.has_eos = cut_at_stop_strings(
+                sampled.completion_ids, sampled.completion_mask, sampled.has_eos,
+                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                self.args.stop_strings, self.tokenizer.pad_token_id)
+        return sampled
+
     # ------------------------------------------------------------------ step 5: the update
 
-    def _optimizer_step(self, rollout: Rollout) -> dict[str, float]:
-        """One optimizer step over the rollout: accumulate gradients, clip, step, schedule."""
-        stats = self._accumulate_gradients(rollout)
+    def _mini_batches(self, rollout: Rollout):
+        """The rollout's optimizer steps in order: num_iterations passes over its num_mini_batches
+        mini-batches of completions_per_step rows (taken in order, so groups stay whole)."""
+        size = self.args.completions_per_step
+        for _ in range(self.args.num_iterations):
+            for index in range(self.args.num_mini_batches):
+                yield rollout.micro_batch(index * size, size)
+
+    def _optimizer_step(self, mini_batch: Rollout) -> dict[str, float]:
+        """One optimizer step over a mini-batch: accumulate gradients, clip, step, schedule."""
+        stats = self._accumulate_gradients(mini_batch)
         max_norm = self.args.max_grad_norm
         if max_norm > 0:
             stats["grad_norm"] = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
@@ -348,50 +402,108 @@ class RLOOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return stats
 
-    def _accumulate_gradients(self, rollout: Rollout) -> dict[str, float]:
-        """Backward over the rollout in gradient_accumulation_steps micro-batches.
+    def _accumulate_gradients(self, mini_batch: Rollout) -> dict[str, float]:
+        """Backward over one optimizer step's rows in gradient_accumulation_steps micro-batches.
 
-        Each micro-batch contributes sum_i loss_i / completions_per_step, so the accumulated gradient
-        is the mean over all completions of the step, whatever the micro-batch split. Across
-        processes DDP averages equal-sized steps, which keeps the global mean exact.
+        The denominator (completions, or completion tokens for token-mean) is counted over the whole
+        step on every process BEFORE the loop, and each micro-batch contributes its summed numerators
+        divided by it: the accumulated gradient is the one of a single large batch whatever the split.
+        DDP averages gradients over processes, so each process divides by global count / processes.
         """
         args, acc = self.args, self.accelerator
-        size, denominator = args.per_device_train_batch_size, args.completions_per_step
-        totals = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "ratio_sq": 0.0, "approxkl": 0.0, "entropy": 0.0}
-        num_tokens = 0.0
+        size = args.per_device_train_batch_size
+        denominator = self._loss_denominator(mini_batch)
+        totals = dict.fromkeys(("loss", "units", "clipped_low", "clipped_high", "ratio", "ratio_sq", "approxkl",
+                                "entropy", "tokens", "kl_loss"), 0.0)
         for index in range(args.gradient_accumulation_steps):
-            micro = rollout.micro_batch(index * size, size)
+            micro = mini_batch.micro_batch(index * size, size)
             is_last = index == args.gradient_accumulation_steps - 1
             with contextlib.nullcontext() if is_last else acc.no_sync(self.model):
-                input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
-                attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)
-                logps, entropy = completion_logprobs(self.model, input_ids, attention_mask,
-                                                     micro.completion_ids.shape[1], args.temperature, with_entropy=True)
-                mask = micro.completion_mask.to(logps.dtype)
-                seq_logps = (logps * mask).sum(dim=1)  # (b,)
-                # One pass: pi_old is the current policy, detached (ratio 1, gradient of log pi).
-                old_seq_logps = seq_logps.detach() if micro.old_logps is None else (micro.old_logps * mask).sum(dim=1)
-                out = clipped_sequence_loss(seq_logps, old_seq_logps, micro.advantages, args.epsilon)
-                acc.backward(out.loss.sum() / denominator)
+                numerators, stats = self._micro_batch_loss(micro)
+                acc.backward(numerators.sum() / denominator)
+            totals["loss"] += numerators.detach().sum().item()
+            for name, value in stats.items():
+                totals[name] += value
 
-            totals["loss"] += out.loss.detach().sum().item()
-            totals["clipped"] += out.clipped.sum().item()
-            totals["ratio"] += out.ratio.sum().item()
-            totals["ratio_sq"] += (out.ratio ** 2).sum().item()
-            totals["approxkl"] += (0.5 * (seq_logps.detach() - old_seq_logps) ** 2).sum().item()
-            totals["entropy"] += (entropy * mask).sum().item()
-            num_tokens += mask.sum().item()
-
-        n = float(denominator)
-        ratio_mean = totals["ratio"] / n
-        return {
-            "loss/policy_avg": totals["loss"] / n,
-            "policy/clipfrac_avg": totals["clipped"] / n,
-            "policy/approxkl_avg": totals["approxkl"] / n,
-            "policy/entropy_avg": totals["entropy"] / max(num_tokens, 1.0),
+        units = max(totals["units"], 1.0)  # completions (sequence ratio) or tokens (per-token ratio)
+        ratio_mean = totals["ratio"] / units
+        low, high = totals["clipped_low"] / units, totals["clipped_high"] / units
+        metrics = {
+            "loss/policy_avg": totals["loss"] / float(denominator),
+            "policy/clipfrac_avg": low + high,
+            "clip_ratio/low_mean": low,
+            "clip_ratio/high_mean": high,
+            "clip_ratio/region_mean": low + high,
+            "policy/approxkl_avg": totals["approxkl"] / units,
+            "policy/entropy_avg": totals["entropy"] / max(totals["tokens"], 1.0),
             "val/ratio": ratio_mean,
-            "val/ratio_var": max(totals["ratio_sq"] / n - ratio_mean ** 2, 0.0),
+            "val/ratio_var": max(totals["ratio_sq"] / units - ratio_mean ** 2, 0.0),
         }
+        if args.kl_penalty == "loss" and args.beta > 0:
+            metrics["loss/kl_avg"] = totals["kl_loss"] / max(totals["tokens"], 1.0)
+        return metrics
+
+    def _loss_denominator(self, mini_batch: Rollout) -> torch.Tensor:
+        """This process's share of the step's denominator: the global count / number of processes."""
+        local = loss_denominator(self.args.loss_agg_mode, mini_batch.loss_mask()).to(self.accelerator.device)
+        global_count = self.accelerator.gather(local.reshape(1)).sum()
+        return (global_count / self.accelerator.num_processes).clamp(min=1e-8)
+
+    def _micro_batch_loss(self, micro: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """(b,) per-completion loss numerators with grad, and the sums the step's metrics are built from."""
+        args = self.args
+        input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
+        attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)
+        logps, entropy = completion_logprobs(self.model, input_ids, attention_mask, micro.completion_ids.shape[1],
+                                             args.temperature, with_entropy=True, entropy_grad=args.entropy_coef > 0)
+        mask = micro.loss_mask()  # (b, C)
+        # Used once, pi_old is the current policy detached (ratio 1, gradient of log pi).
+        old_logps = logps.detach() if micro.old_logps is None else micro.old_logps
+        out, numerators, units = self._policy_loss(logps, old_logps, micro, mask)
+
+        extra = torch.zeros_like(logps)  # (b, C) per-token terms aggregated like the policy loss
+        kl_sum = 0.0
+        if args.kl_penalty == "loss" and args.beta > 0:
+            kl = token_kl(logps, micro.ref_logps, args.kl_estimator)  # (b, C), with grad
+            extra = extra + args.beta * kl
+            kl_sum = (kl.detach() * mask).sum().item()
+        if args.entropy_coef > 0:
+            extra = extra - args.entropy_coef * entropy
+        numerators = numerators + reduce_to_sequences(extra, mask, args.loss_agg_mode, args.max_completion_length)
+
+        log_ratio = torch.log(out.ratio.clamp(min=1e-30))
+        stats = {
+            "units": units.sum().item(),
+            "clipped_low": (out.clipped_low * units).sum().item(),
+            "clipped_high": (out.clipped_high * units).sum().item(),
+            "ratio": (out.ratio * units).sum().item(),
+            "ratio_sq": (out.ratio ** 2 * units).sum().item(),
+            "approxkl": (0.5 * log_ratio ** 2 * units).sum().item(),
+            "entropy": (entropy.detach() * mask).sum().item(),
+            "tokens": mask.sum().item(),
+            "kl_loss": kl_sum,
+        }
+        return numerators, stats
+
+    def _policy_loss(self, logps: torch.Tensor, old_logps: torch.Tensor, micro: Rollout,
+                     mask: torch.Tensor) -> tuple[PolicyLossOutput, torch.Tensor, torch.Tensor]:
+        """The clipped policy loss at the level the config asks for.
+
+        The default (seq-mean-token-sum with sequence or no KL) treats a completion as one action with
+        one ratio; every other mode, and per-token advantages (kl_penalty="token"), use per-token ratios.
+
+        Returns:
+            the loss output, (b,) per-completion numerators, and the units its statistics are over:
+            (b,) trained completions for the sequence ratio, (b, C) tokens otherwise.
+        """
+        args = self.args
+        if args.loss_agg_mode == "seq-mean-token-sum" and micro.token_advantages is None:
+            out = clipped_sequence_loss((logps * mask).sum(dim=1), (old_logps * mask).sum(dim=1), micro.advantages,
+                                        args.epsilon, args.epsilon_high)
+            return out, out.loss * micro.trained.float(), micro.trained.float()
+        advantages = micro.token_advantages if micro.token_advantages is not None else micro.advantages
+        out = clipped_token_loss(logps, old_logps, advantages, args.epsilon, args.epsilon_high)
+        return out, reduce_to_sequences(out.loss, mask, args.loss_agg_mode, args.max_completion_length), mask
 
     # ------------------------------------------------------------------ step 6: logs and checkpoints
 
@@ -400,18 +512,19 @@ class RLOOTrainer:
         acc, k = self.accelerator, self.args.num_generations
         lengths = rollout.completion_mask.sum(dim=1).float()
         gathered = acc.gather(torch.stack([
-            rollout.scores, rollout.rewards, rollout.seq_kl, lengths,
+            rollout.raw_scores, rollout.scores, rollout.rewards, rollout.seq_kl, lengths,
             rollout.has_eos.float(), (~rollout.has_eos).float(),
-        ], dim=1))  # (B_global, 6)
-        scores, rewards, seq_kl, lengths, eos, truncated = gathered.unbind(dim=1)
-        group_std = scores.view(-1, k).std(dim=1)  # (P_global,)
+        ], dim=1))  # (B_global, 7)
+        raw_scores, scores, rewards, seq_kl, lengths, eos, truncated = gathered.unbind(dim=1)
+        # K = 1 (reinforce) has no spread within a group.
+        group_std = raw_scores.view(-1, k).std(dim=1) if k > 1 else torch.zeros_like(raw_scores)  # (P_global,)
         return {
-            "reward": scores.mean().item(),
+            "reward": raw_scores.mean().item(),
             "reward_std": group_std.mean().item(),
             "frac_reward_zero_std": (group_std < 1e-8).float().mean().item(),
-            "objective/scores": scores.mean().item(),
+            "objective/scores": scores.mean().item(),  # after shaping
             "objective/kl": seq_kl.mean().item(),
-            "objective/non_score_reward": (-self.args.beta * seq_kl).mean().item(),
+            "objective/non_score_reward": (rewards - scores).mean().item(),  # the KL in the reward; 0 for kl_penalty="loss"
             "objective/rlhf_reward": rewards.mean().item(),
             "completions/mean_length": lengths.mean().item(),
             "completions/min_length": lengths.min().item(),
@@ -463,7 +576,7 @@ class RLOOTrainer:
         for start in range(0, len(indices), per_step):
             rows = select_rows(self.eval_dataset, indices[start : start + per_step])
             rollout, _ = self._generate_and_score(rows)
-            totals += torch.stack([rollout.scores.sum(), torch.tensor(float(rollout.scores.numel()), device=acc.device)])
+            totals += torch.stack([rollout.raw_scores.sum(), torch.tensor(float(rollout.raw_scores.numel()), device=acc.device)])
         self.model.train(was_training)
         totals = acc.reduce(totals, reduction="sum")
         return {"eval/reward": (totals[0] / totals[1].clamp(min=1)).item()}
@@ -490,6 +603,7 @@ class RLOOTrainer:
                 "rollout_index": rollout_index,
                 "episode": self.episode,
                 "completions_per_step": self.args.completions_per_step,
+                "num_mini_batches": self.args.num_mini_batches,
                 "num_processes": self.accelerator.num_processes,
             }
             (checkpoint / TRAINER_STATE).write_text(json.dumps(state, indent=2))
@@ -516,11 +630,13 @@ class RLOOTrainer:
         if not state_file.exists():
             raise FileNotFoundError(f"{path} is not an rloo checkpoint: {TRAINER_STATE} is missing.")
         state = json.loads(state_file.read_text())
-        if (state["completions_per_step"], state["num_processes"]) != (self.args.completions_per_step, self.accelerator.num_processes):
+        written = (state["completions_per_step"], state.get("num_mini_batches", 1), state["num_processes"])
+        if written != (self.args.completions_per_step, self.args.num_mini_batches, self.accelerator.num_processes):
             raise ValueError(
-                f"the checkpoint was written with {state['completions_per_step']} completions per step on "
-                f"{state['num_processes']} processes, this run has {self.args.completions_per_step} on "
-                f"{self.accelerator.num_processes}; resume with the same batch sizes and process count."
+                f"the checkpoint was written with {written[0]} completions per step, {written[1]} mini-batches "
+                f"per rollout on {written[2]} processes, this run has {self.args.completions_per_step}, "
+                f"{self.args.num_mini_batches} on {self.accelerator.num_processes}; resume with the same batch "
+                f"sizes and process count."
             )
         self.accelerator.load_state(str(path / ACCELERATE_STATE))
         self.global_step, self.episode = state["global_step"], state["episode"]
@@ -531,11 +647,11 @@ class RLOOTrainer:
 
     def _run_length(self) -> tuple[int, int]:
         """(rollouts, optimizer steps) from max_steps, total_episodes or num_train_epochs."""
-        args, per_rollout = self.args, self.args.num_iterations
+        args, per_rollout = self.args, self.args.steps_per_rollout
         if args.max_steps > 0:
             return math.ceil(args.max_steps / per_rollout), args.max_steps
         if args.total_episodes is not None:
-            rollouts = math.ceil(args.total_episodes / (args.completions_per_step * self.accelerator.num_processes))
+            rollouts = math.ceil(args.total_episodes / (args.completions_per_rollout * self.accelerator.num_processes))
         else:
             rollouts = max(1, int(args.num_train_epochs * self.schedule.batches_per_epoch))
         return rollouts, rollouts * per_rollout
