@@ -224,7 +224,7 @@ def test_dataset_errors(tmp_path, make_model, tokenizer, digit_dataset):
     with pytest.raises(ValueError, match="no 'prompt' column"):
         RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), processing_class=tokenizer,
                     train_dataset=digit_dataset.rename_column("prompt", "question"))
-    with pytest.raises(ValueError, match="one optimizer step needs"):
+    with pytest.raises(ValueError, match="one rollout needs"):
         RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=4 * 100),
                     train_dataset=digit_dataset, processing_class=tokenizer)
 

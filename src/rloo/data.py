@@ -27,10 +27,10 @@ class PromptSchedule:
     def __post_init__(self) -> None:
         if self.batches_per_epoch == 0:
             raise ValueError(
-                f"the training dataset has {self.num_rows} prompts, but one optimizer step needs "
-                f"{self.prompts_per_global_step} (prompts_per_step={self.prompts_per_process} x "
-                f"{self.num_processes} processes). Use a larger dataset or a smaller "
-                f"per_device_train_batch_size * gradient_accumulation_steps / num_generations."
+                f"the training dataset has {self.num_rows} prompts, but one rollout needs "
+                f"{self.prompts_per_global_step} ({self.prompts_per_process} prompts per process x "
+                f"{self.num_processes} processes). Use a larger dataset, or a smaller per_device_train_batch_size "
+                f"* gradient_accumulation_steps * num_mini_batches / num_generations."
             )
 
     @property

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,6 @@ import transformers
 from datasets import Dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from rloo.logprobs import position_ids_from_mask
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
@@ -185,7 +184,7 @@ def addition_dataset(num_examples: int, *, seed: int = 0, digits: int = 2) -> Da
     rng = random.Random(seed)
     high = 10**digits - 1
     rows = [_addition_example(rng.randint(0, high), rng.randint(0, high)) for _ in range(num_examples)]
-    return Dataset.from_list(rows) if rows else Dataset.from_dict({"prompt": [], "answer": []})
+    return _rows_to_dataset(rows)
 
 
 def addition_split(num_train: int, num_eval: int, *, seed: int = 0, digits: int = 2) -> tuple[Dataset, Dataset]:
@@ -194,6 +193,12 @@ def addition_split(num_train: int, num_eval: int, *, seed: int = 0, digits: int 
     Every problem (an ordered operand pair) appears at most once across both sets, so held-out
     accuracy measures generalisation, not memorisation. "12+34=" and "34+12=" are different
     prompts and may fall in different sets.
+
+    Problems come from one seeded stream of distinct problems: the eval set is its first
+    `num_eval`, the train set the next `num_train`. So the eval set depends only on `seed`,
+    `num_eval` and `digits`, and a larger train set extends a smaller one: a warm start on
+    `addition_split(4000, 500)` and RL on `addition_split(8192, 500)` share the same held-out set,
+    which neither trains on.
 
     Args:
         num_train: number of training problems.
@@ -208,11 +213,22 @@ def addition_split(num_train: int, num_eval: int, *, seed: int = 0, digits: int 
     total = base * base
     if num_train + num_eval > total:
         raise ValueError(f"{num_train} + {num_eval} problems requested but only {total} distinct ones exist")
-    # Sampling codes without replacement gives distinct problems; range() keeps it cheap for
-    # any number of digits.
-    codes = random.Random(seed).sample(range(total), num_train + num_eval)
-    rows = [_addition_example(*divmod(code, base)) for code in codes]
-    return Dataset.from_list(rows[:num_train]), Dataset.from_list(rows[num_train:])
+    # Rejection from an i.i.d. stream (rather than random.sample) keeps every prefix the same
+    # whatever the requested size; it stays cheap even when nearly all problems are requested.
+    rng = random.Random(seed)
+    seen: set[int] = set()
+    rows = []
+    while len(rows) < num_eval + num_train:
+        code = rng.randrange(total)
+        if code not in seen:
+            seen.add(code)
+            rows.append(_addition_example(*divmod(code, base)))
+    return _rows_to_dataset(rows[num_eval:]), _rows_to_dataset(rows[:num_eval])
+
+
+def _rows_to_dataset(rows: list[dict[str, str]]) -> Dataset:
+    """A prompt/answer Dataset from rows, with the columns even when there are no rows."""
+    return Dataset.from_dict({"prompt": [r["prompt"] for r in rows], "answer": [r["answer"] for r in rows]})
 
 
 def reverse_dataset(num_examples: int, *, seed: int = 0, min_length: int = 32, max_length: int = 64) -> Dataset:
@@ -293,6 +309,11 @@ def char_match_reward(completions: list[str], answer: list[str], **kwargs: Any) 
 # ---------------------------------------------------------------------------------------------
 
 
+def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, (B, T) -> (B, T), as `generate` and the trainer use them."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
 def _teacher_forcing_batch(
     tokenizer: transformers.PreTrainedTokenizerBase, prompts: list[str], answers: list[str]
 ) -> dict[str, torch.Tensor]:
@@ -332,7 +353,7 @@ def supervised_warm_start(
     short linear warmup, and gradient-norm clipping at 1.0.
 
     Args:
-        model: a causal LM, trained in place (on its current device).
+        model: a causal LM, trained in place (on its current device); left in eval mode.
         tokenizer: encodes "prompt" and "answer"; gives the pad and eos ids.
         dataset: rows with "prompt" and "answer" strings.
         steps: number of optimizer steps.
@@ -344,6 +365,24 @@ def supervised_warm_start(
     Returns:
         The loss of every step (mean cross-entropy per answer token), in order.
     """
+    return _train_supervised(
+        model, tokenizer, dataset, steps=steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed, log_every=log_every
+    )
+
+
+def _train_supervised(
+    model: transformers.PreTrainedModel,
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    dataset: Dataset,
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    log_every: int = 0,
+    should_stop: Callable[[int], bool] | None = None,
+) -> list[float]:
+    """`supervised_warm_start`, plus `should_stop(steps_done)` asked after every step to end early."""
     device = next(model.parameters()).device
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     generator = torch.Generator().manual_seed(seed)
@@ -352,14 +391,14 @@ def supervised_warm_start(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     order: list[int] = []
     losses: list[float] = []
-    model.train()
     for step in range(steps):
+        model.train()  # again every step: `should_stop` may have evaluated the model
         if len(order) < batch_size:  # start a new shuffled pass; a short tail carries over
             order += torch.randperm(len(prompts), generator=generator).tolist()
         indices, order = order[:batch_size], order[batch_size:]
         batch = _teacher_forcing_batch(tokenizer, [prompts[i] for i in indices], [answers[i] for i in indices])
         batch = {k: v.to(device) for k, v in batch.items()}
-        outputs = model(**batch, position_ids=position_ids_from_mask(batch["attention_mask"]), use_cache=False)
+        outputs = model(**batch, position_ids=_position_ids(batch["attention_mask"]), use_cache=False)
         optimizer.zero_grad(set_to_none=True)
         outputs.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -369,6 +408,8 @@ def supervised_warm_start(
         if log_every and (step + 1) % log_every == 0:
             recent = losses[-log_every:]
             print(f"warm start step {step + 1}/{steps}: loss {sum(recent) / len(recent):.4f}", flush=True)
+        if should_stop is not None and should_stop(step + 1):
+            break
     model.eval()
     return losses
 
@@ -448,17 +489,66 @@ def greedy_accuracy(
 # Cached warm-started addition model
 # ---------------------------------------------------------------------------------------------
 
-# Calibrated on 2 CPU cores so that the default tiny Qwen2 reaches a partial held-out greedy
-# accuracy (about 0.3) in about a minute: RL needs some successes to learn from and room to grow.
-# The demo should draw its prompts with `addition_split(ADDITION_NUM_TRAIN, ADDITION_NUM_EVAL)`
-# so that its held-out set is the one the warm start never saw.
+# Calibrated on 2 CPU cores (see `warm_started_addition_model`). The demo should draw its prompts
+# with `addition_split(ADDITION_NUM_TRAIN, ADDITION_NUM_EVAL, seed=seed)` so that its held-out
+# set is the one the warm start never saw.
 ADDITION_NUM_TRAIN = 4000
 ADDITION_NUM_EVAL = 500
-WARM_START_STEPS = 600
+WARM_START_STEPS = 1200
 WARM_START_BATCH_SIZE = 64
-WARM_START_LEARNING_RATE = 3e-3
+WARM_START_LEARNING_RATE = 1e-3
+WARM_START_TARGET_ACCURACY = 0.3
+# How often, and on how many training prompts, the accuracy target is checked.
+_TARGET_CHECK_EVERY = 5
+_TARGET_PROBE_SIZE = 256
 # Bump when the way the cached model is built changes, so that old caches are not reused.
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
+
+
+@torch.no_grad()
+def _teacher_forced_accuracy(
+    model: transformers.PreTrainedModel, tokenizer: transformers.PreTrainedTokenizerBase, dataset: Dataset
+) -> float:
+    """Fraction of rows whose answer + eos is the argmax at every teacher-forced position.
+
+    This is greedy exact-match accuracy computed with one forward pass instead of a decode loop:
+    greedy decoding emits answer + eos exactly when every one of those tokens is the argmax given
+    the ones before it. (It can only differ from `greedy_accuracy` when greedy decoding emits a
+    special token that decoding skips, or no eos within its token budget.)
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    batch = _teacher_forcing_batch(tokenizer, list(dataset["prompt"]), list(dataset["answer"]))
+    batch = {k: v.to(device) for k, v in batch.items()}
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=_position_ids(batch["attention_mask"]),
+        use_cache=False,
+    ).logits
+    predicted, labels = logits[:, :-1].argmax(dim=-1), batch["labels"][:, 1:]  # position t predicts t + 1
+    correct = ((predicted == labels) | (labels == -100)).all(dim=1)
+    model.train(was_training)
+    return correct.float().mean().item()
+
+
+def _accuracy_reached(
+    model: transformers.PreTrainedModel,
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    probe: Dataset,
+    target: float,
+) -> Callable[[int], bool]:
+    """A `should_stop` for `_train_supervised`: greedy accuracy on `probe` has reached `target`."""
+
+    def should_stop(steps_done: int) -> bool:
+        # Accuracy climbs by up to 0.1 in 25 steps, so checking often matters; the
+        # teacher-forced form makes a check cost about one training step.
+        if steps_done % _TARGET_CHECK_EVERY:
+            return False
+        return _teacher_forced_accuracy(model, tokenizer, probe) >= target
+
+    return should_stop
 
 
 def warm_started_addition_model(
@@ -466,6 +556,7 @@ def warm_started_addition_model(
     *,
     seed: int = 0,
     warm_start_steps: int = WARM_START_STEPS,
+    target_accuracy: float | None = WARM_START_TARGET_ACCURACY,
     num_train: int = ADDITION_NUM_TRAIN,
     num_eval: int = ADDITION_NUM_EVAL,
     batch_size: int = WARM_START_BATCH_SIZE,
@@ -481,19 +572,28 @@ def warm_started_addition_model(
     `cache_dir/addition-<key>`, where the key hashes every setting. Later calls with the same
     settings load from there. The cache is written to a temporary directory and renamed into
     place, so an interrupted run never leaves a half-written entry. Alongside the model,
-    "warm_start.json" records the settings, final loss, held-out greedy accuracy and time.
+    "warm_start.json" records the settings, steps run, final loss, held-out greedy accuracy and
+    training time.
+
+    Why an accuracy target: the tiny model learns addition in a sudden phase change (greedy
+    accuracy goes from about 0.1 to 0.8 within a couple of hundred steps), and when that happens
+    depends on the seed, so no fixed step count gives a partial accuracy for every seed. Training
+    therefore stops once greedy accuracy on a fixed sample of training prompts (the held-out set
+    is never looked at) reaches `target_accuracy`, checked every 5 steps.
 
     Args:
         cache_dir: directory holding cache entries (created if missing).
         seed: seeds the split, the model weights and the batch order.
-        warm_start_steps: supervised steps (the calibrated default gives about 0.3 accuracy).
+        warm_start_steps: most supervised steps; fewer when `target_accuracy` is reached first.
+        target_accuracy: stop once greedy accuracy on training prompts reaches this; None
+            trains all `warm_start_steps`.
         num_train: size of the train split the warm start learns from.
         num_eval: size of the held-out split the accuracy in warm_start.json is measured on.
         batch_size: rows per warm-start step.
         learning_rate: peak AdamW learning rate of the warm start.
         digits: operand digits of the addition task.
         model_kwargs: overrides for `build_tiny_model` (e.g. a smaller model in tests).
-        verbose: print one line saying whether the model was trained or loaded.
+        verbose: print one line saying whether the model was trained or loaded from the cache.
 
     Returns:
         (model in eval mode, tokenizer).
@@ -503,6 +603,7 @@ def warm_started_addition_model(
         "format": _CACHE_FORMAT,
         "seed": seed,
         "warm_start_steps": warm_start_steps,
+        "target_accuracy": target_accuracy,
         "num_train": num_train,
         "num_eval": num_eval,
         "batch_size": batch_size,
@@ -525,13 +626,26 @@ def warm_started_addition_model(
     train, held_out = addition_split(num_train, num_eval, seed=seed, digits=digits)
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
-    losses = supervised_warm_start(
-        model, tokenizer, train, steps=warm_start_steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed
+    max_new_tokens = digits + 3  # the longest answer (digits + 1) and eos, plus one to spare
+    should_stop = None
+    if target_accuracy is not None:
+        probe = train.select(range(min(_TARGET_PROBE_SIZE, len(train))))
+        should_stop = _accuracy_reached(model, tokenizer, probe, target_accuracy)
+    losses = _train_supervised(
+        model,
+        tokenizer,
+        train,
+        steps=warm_start_steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        seed=seed,
+        should_stop=should_stop,
     )
     train_seconds = time.perf_counter() - start
-    accuracy = greedy_accuracy(model, tokenizer, held_out, max_new_tokens=digits + 3) if num_eval else math.nan
+    accuracy = greedy_accuracy(model, tokenizer, held_out, max_new_tokens=max_new_tokens) if num_eval else None
     record = {
         **settings,
+        "steps_run": len(losses),
         "final_loss": losses[-1] if losses else None,
         "held_out_greedy_accuracy": accuracy,
         "train_seconds": round(train_seconds, 2),
@@ -552,8 +666,8 @@ def warm_started_addition_model(
         shutil.rmtree(tmp, ignore_errors=True)
     if verbose:
         print(
-            f"warm start: trained {warm_start_steps} steps in {train_seconds:.1f}s, "
-            f"held-out greedy accuracy {accuracy:.3f}, cached at {entry}",
+            f"warm start: trained {len(losses)} steps in {train_seconds:.1f}s, "
+            f"held-out greedy accuracy {'n/a' if accuracy is None else f'{accuracy:.3f}'}, cached at {entry}",
             flush=True,
         )
     return model, tokenizer
