@@ -309,6 +309,9 @@ def char_match_reward(completions: list[str], answer: list[str], **kwargs: Any) 
 # ---------------------------------------------------------------------------------------------
 
 
+_WARMUP_STEPS = 20
+
+
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding, (B, T) -> (B, T), as `generate` and the trainer use them."""
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
@@ -350,7 +353,7 @@ def supervised_warm_start(
     Rows are left-padded and given position ids that skip the padding, exactly as `generate`
     and the RLOO trainer see them, so what is learned here transfers to sampling. Batches are
     drawn from shuffled passes over the dataset; AdamW with a constant learning rate after a
-    short linear warmup, and gradient-norm clipping at 1.0.
+    20-step linear warmup, and gradient-norm clipping at 1.0.
 
     Args:
         model: a causal LM, trained in place (on its current device); left in eval mode.
@@ -387,8 +390,9 @@ def _train_supervised(
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
-    warmup = max(1, min(50, steps // 10))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    # A warmup that ignores `steps` makes a short run exactly the start of a longer one (same
+    # batches, same learning rates), so stopping early equals having asked for fewer steps.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / _WARMUP_STEPS))
     order: list[int] = []
     losses: list[float] = []
     for step in range(steps):
@@ -496,7 +500,7 @@ ADDITION_NUM_TRAIN = 4000
 ADDITION_NUM_EVAL = 500
 WARM_START_STEPS = 1200
 WARM_START_BATCH_SIZE = 64
-WARM_START_LEARNING_RATE = 1e-3
+WARM_START_LEARNING_RATE = 5e-4
 WARM_START_TARGET_ACCURACY = 0.3
 # How often, and on how many training prompts, the accuracy target is checked.
 _TARGET_CHECK_EVERY = 5

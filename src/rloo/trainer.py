@@ -174,6 +174,15 @@ class RLOOTrainer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.tokenizer.eos_token_id is None:
             raise ValueError("The tokenizer has no eos_token; RLOO needs one to know where completions end.")
+
+        # --- prompts: checked before any weights are loaded or sizes derived ---
+        for dataset, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+            if dataset is not None:
+                check_prompt_dataset(dataset, name)
+                check_prompt_lengths(dataset, name, self.tokenizer, args.max_prompt_length, args.truncate_prompts,
+                                     args.chat_template_kwargs)
+
+        # --- policy ---
         policy = AutoModelForCausalLM.from_pretrained(model) if isinstance(model, str) else model
         if peft_config is not None:
             from peft import get_peft_model
@@ -192,13 +201,6 @@ class RLOOTrainer:
         reference = None  # kl_penalty="loss" with beta == 0 loads none either
         if args.beta > 0 and not self._is_peft:
             reference = copy.deepcopy(policy).eval().requires_grad_(False)
-
-        # --- prompts: checked before anything is sized from them ---
-        for dataset, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
-            if dataset is not None:
-                check_prompt_dataset(dataset, name)
-                check_prompt_lengths(dataset, name, self.tokenizer, args.max_prompt_length, args.truncate_prompts,
-                                     args.chat_template_kwargs)
 
         # --- optimizer and schedule ---
         self.schedule = PromptSchedule(
