@@ -12,9 +12,9 @@ trained token) as a fraction of the measured single-thread matmul peak. The summ
 per system and the ratios rloo/TRL, and writes JSON and a markdown table to --out.
 
 Scenarios (episodes = completions generated and trained on):
-  short-k4, short-k8  two-digit addition, the warm-started 2.4M-parameter toy model, completions <= 8 tokens
+  short-k4, short-k8  two-digit addition, the warm-started 2.2M-parameter toy model, completions <= 8 tokens
   long                reverse a 32-64 character string, completions <= 96 tokens, dense per-character
-                      reward, the 2.4M model from random init (throughput only: rewards stay near 0)
+                      reward, the 2.2M model from random init (throughput only: rewards stay near 0)
   wide                two-digit addition with a 25M-parameter model from random init, completions <= 8 tokens
 """
 
@@ -47,7 +47,7 @@ class Scenario:
 
     name: str
     task: str  # "addition" or "reverse"
-    model: str  # "warm" (cached warm start), "small" (2.4M random init) or "wide" (25M random init)
+    model: str  # "warm" (cached warm start), "small" (2.2M random init) or "wide" (25M random init)
     num_generations: int
     completions_per_step: int  # per_device_train_batch_size of both trainers (counted in completions)
     max_completion_length: int

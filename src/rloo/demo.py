@@ -1,6 +1,6 @@
 """`rloo demo`: RLOO that visibly learns, offline, on two CPU cores, in a few minutes.
 
-1. Build a character tokenizer and a ~2.4M-parameter Qwen2 model from a config (no download).
+1. Build a character tokenizer and a ~2.2M-parameter Qwen2 model from a config (no download).
 2. Warm-start it with a short supervised run on two-digit addition to partial accuracy
    (cached, so a second run skips this).
 3. Measure greedy accuracy on held-out problems.
@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from .config import RLOOConfig
-from .toy import addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
+from .toy import ADDITION_NUM_EVAL, addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
 from .trainer import RLOOTrainer
 
 
@@ -37,13 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch_size", type=int, default=64, help="Completions per optimizer step.")
     parser.add_argument("--learning_rate", type=float, default=3e-5, help="RLOO learning rate.")
     parser.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0: no reference model).")
-    parser.add_argument("--num_eval", type=int, default=500, help="Held-out problems for greedy accuracy.")
+    parser.add_argument("--num_eval", type=int, default=ADDITION_NUM_EVAL,
+                        help=f"Held-out problems for greedy accuracy (at most {ADDITION_NUM_EVAL}: the warm start never saw them).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the data, the warm start and RLOO.")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
-    options = build_parser().parse_args(argv)
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    if not 1 <= options.num_eval <= ADDITION_NUM_EVAL:
+        parser.error(f"--num_eval must be between 1 and {ADDITION_NUM_EVAL}: more would include problems the warm start trained on.")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     start = time.perf_counter()
 

@@ -24,7 +24,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ import transformers
 from datasets import Dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from .logprobs import position_ids_from_mask
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
@@ -310,11 +311,8 @@ def char_match_reward(completions: list[str], answer: list[str], **kwargs: Any) 
 
 
 _WARMUP_STEPS = 20
-
-
-def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, (B, T) -> (B, T), as `generate` and the trainer use them."""
-    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+# Training rows (4 batches of 64) over which the early-stopping accuracy is averaged.
+_TARGET_WINDOW = 256
 
 
 def _teacher_forcing_batch(
@@ -361,7 +359,8 @@ def supervised_warm_start(
         dataset: rows with "prompt" and "answer" strings.
         steps: number of optimizer steps.
         batch_size: rows per step.
-        learning_rate: peak AdamW learning rate.
+        learning_rate: peak AdamW learning rate. 3e-3 suits very small test models; the default
+            2.2M-parameter model learns addition better at 5e-4 (`WARM_START_LEARNING_RATE`).
         seed: the batch order is a deterministic function of the seed.
         log_every: print the mean loss every this many steps; 0 never prints.
 
@@ -371,6 +370,21 @@ def supervised_warm_start(
     return _train_supervised(
         model, tokenizer, dataset, steps=steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed, log_every=log_every
     )
+
+
+def _sequence_exact_match(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: every labelled token is the argmax of the logits one position before it.
+
+    For teacher-forced rows of prompt + answer + eos this is greedy exact-match accuracy without
+    a decode loop: greedy decoding emits answer + eos exactly when each of those tokens is the
+    argmax given the ones before it.
+
+    Args:
+        logits: (B, T, V) logits of the rows.
+        labels: (B, T) target ids, -100 where there is no target.
+    """
+    predicted, targets = logits[:, :-1].argmax(dim=-1), labels[:, 1:]  # position t predicts t + 1
+    return ((predicted == targets) | (targets == -100)).all(dim=1)
 
 
 def _train_supervised(
@@ -383,9 +397,14 @@ def _train_supervised(
     learning_rate: float,
     seed: int,
     log_every: int = 0,
-    should_stop: Callable[[int], bool] | None = None,
+    target_accuracy: float | None = None,
 ) -> list[float]:
-    """`supervised_warm_start`, plus `should_stop(steps_done)` asked after every step to end early."""
+    """`supervised_warm_start`, optionally stopping early once training rows are mostly right.
+
+    With `target_accuracy`, training stops once the greedy exact-match accuracy of the last
+    `_TARGET_WINDOW` training rows, read off the logits each step computes anyway (so checking
+    every step is free), reaches it.
+    """
     device = next(model.parameters()).device
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     generator = torch.Generator().manual_seed(seed)
@@ -395,14 +414,15 @@ def _train_supervised(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / _WARMUP_STEPS))
     order: list[int] = []
     losses: list[float] = []
+    recent: deque[bool] = deque(maxlen=_TARGET_WINDOW)  # exact match of the latest training rows
+    model.train()
     for step in range(steps):
-        model.train()  # again every step: `should_stop` may have evaluated the model
         if len(order) < batch_size:  # start a new shuffled pass; a short tail carries over
             order += torch.randperm(len(prompts), generator=generator).tolist()
         indices, order = order[:batch_size], order[batch_size:]
         batch = _teacher_forcing_batch(tokenizer, [prompts[i] for i in indices], [answers[i] for i in indices])
         batch = {k: v.to(device) for k, v in batch.items()}
-        outputs = model(**batch, position_ids=_position_ids(batch["attention_mask"]), use_cache=False)
+        outputs = model(**batch, position_ids=position_ids_from_mask(batch["attention_mask"]), use_cache=False)
         optimizer.zero_grad(set_to_none=True)
         outputs.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -410,10 +430,13 @@ def _train_supervised(
         scheduler.step()
         losses.append(outputs.loss.item())
         if log_every and (step + 1) % log_every == 0:
-            recent = losses[-log_every:]
-            print(f"warm start step {step + 1}/{steps}: loss {sum(recent) / len(recent):.4f}", flush=True)
-        if should_stop is not None and should_stop(step + 1):
-            break
+            window = losses[-log_every:]
+            print(f"warm start step {step + 1}/{steps}: loss {sum(window) / len(window):.4f}", flush=True)
+        if target_accuracy is not None:
+            # These logits predate this step's update: the window lags the model by a step or two.
+            recent.extend(_sequence_exact_match(outputs.logits.detach(), batch["labels"]).tolist())
+            if len(recent) == recent.maxlen and sum(recent) / len(recent) >= target_accuracy:
+                break
     model.eval()
     return losses
 
@@ -493,66 +516,17 @@ def greedy_accuracy(
 # Cached warm-started addition model
 # ---------------------------------------------------------------------------------------------
 
-# Calibrated on 2 CPU cores (see `warm_started_addition_model`). The demo should draw its prompts
-# with `addition_split(ADDITION_NUM_TRAIN, ADDITION_NUM_EVAL, seed=seed)` so that its held-out
-# set is the one the warm start never saw.
+# Calibrated on 2 CPU cores (see `warm_started_addition_model`). Any `addition_split(n,
+# ADDITION_NUM_EVAL, seed=seed)` has the held-out set the warm start never saw (and, for
+# n >= ADDITION_NUM_TRAIN, a train set that contains the warm start's).
 ADDITION_NUM_TRAIN = 4000
 ADDITION_NUM_EVAL = 500
-WARM_START_STEPS = 1200
+WARM_START_STEPS = 1500  # a cap: training usually stops at the accuracy target first
 WARM_START_BATCH_SIZE = 64
 WARM_START_LEARNING_RATE = 5e-4
-WARM_START_TARGET_ACCURACY = 0.3
-# How often, and on how many training prompts, the accuracy target is checked.
-_TARGET_CHECK_EVERY = 5
-_TARGET_PROBE_SIZE = 256
+WARM_START_TARGET_ACCURACY = 0.35
 # Bump when the way the cached model is built changes, so that old caches are not reused.
 _CACHE_FORMAT = 2
-
-
-@torch.no_grad()
-def _teacher_forced_accuracy(
-    model: transformers.PreTrainedModel, tokenizer: transformers.PreTrainedTokenizerBase, dataset: Dataset
-) -> float:
-    """Fraction of rows whose answer + eos is the argmax at every teacher-forced position.
-
-    This is greedy exact-match accuracy computed with one forward pass instead of a decode loop:
-    greedy decoding emits answer + eos exactly when every one of those tokens is the argmax given
-    the ones before it. (It can only differ from `greedy_accuracy` when greedy decoding emits a
-    special token that decoding skips, or no eos within its token budget.)
-    """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    batch = _teacher_forcing_batch(tokenizer, list(dataset["prompt"]), list(dataset["answer"]))
-    batch = {k: v.to(device) for k, v in batch.items()}
-    logits = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=_position_ids(batch["attention_mask"]),
-        use_cache=False,
-    ).logits
-    predicted, labels = logits[:, :-1].argmax(dim=-1), batch["labels"][:, 1:]  # position t predicts t + 1
-    correct = ((predicted == labels) | (labels == -100)).all(dim=1)
-    model.train(was_training)
-    return correct.float().mean().item()
-
-
-def _accuracy_reached(
-    model: transformers.PreTrainedModel,
-    tokenizer: transformers.PreTrainedTokenizerBase,
-    probe: Dataset,
-    target: float,
-) -> Callable[[int], bool]:
-    """A `should_stop` for `_train_supervised`: greedy accuracy on `probe` has reached `target`."""
-
-    def should_stop(steps_done: int) -> bool:
-        # Accuracy climbs by up to 0.1 in 25 steps, so checking often matters; the
-        # teacher-forced form makes a check cost about one training step.
-        if steps_done % _TARGET_CHECK_EVERY:
-            return False
-        return _teacher_forced_accuracy(model, tokenizer, probe) >= target
-
-    return should_stop
 
 
 def warm_started_addition_model(
@@ -580,16 +554,19 @@ def warm_started_addition_model(
     training time.
 
     Why an accuracy target: the tiny model learns addition in a sudden phase change (greedy
-    accuracy goes from about 0.1 to 0.8 within a couple of hundred steps), and when that happens
-    depends on the seed, so no fixed step count gives a partial accuracy for every seed. Training
-    therefore stops once greedy accuracy on a fixed sample of training prompts (the held-out set
-    is never looked at) reaches `target_accuracy`, checked every 5 steps.
+    accuracy climbs from about 0.1 to 0.7 within a few hundred steps), and when that happens
+    depends on the seed (anywhere from step 300 to 1000), so no fixed step count gives a
+    partial accuracy for every seed. Training therefore stops once the greedy exact-match
+    accuracy of the latest 256 training rows (read off the training logits, so free; the
+    held-out set is never looked at) reaches `target_accuracy`. With the defaults, seeds 0-4
+    stopped after 370-1050 steps (30-80 s on 2 CPU cores) at held-out greedy accuracy 0.30-0.37
+    (seed 0: 790 steps, 60 s, 0.32).
 
     Args:
         cache_dir: directory holding cache entries (created if missing).
         seed: seeds the split, the model weights and the batch order.
         warm_start_steps: most supervised steps; fewer when `target_accuracy` is reached first.
-        target_accuracy: stop once greedy accuracy on training prompts reaches this; None
+        target_accuracy: stop once greedy accuracy on recent training rows reaches this; None
             trains all `warm_start_steps`.
         num_train: size of the train split the warm start learns from.
         num_eval: size of the held-out split the accuracy in warm_start.json is measured on.
@@ -631,10 +608,6 @@ def warm_started_addition_model(
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
     max_new_tokens = digits + 3  # the longest answer (digits + 1) and eos, plus one to spare
-    should_stop = None
-    if target_accuracy is not None:
-        probe = train.select(range(min(_TARGET_PROBE_SIZE, len(train))))
-        should_stop = _accuracy_reached(model, tokenizer, probe, target_accuracy)
     losses = _train_supervised(
         model,
         tokenizer,
@@ -643,7 +616,7 @@ def warm_started_addition_model(
         batch_size=batch_size,
         learning_rate=learning_rate,
         seed=seed,
-        should_stop=should_stop,
+        target_accuracy=target_accuracy,
     )
     train_seconds = time.perf_counter() - start
     accuracy = greedy_accuracy(model, tokenizer, held_out, max_new_tokens=max_new_tokens) if num_eval else None
