@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from rloo import toy
+from rloo.logprobs import position_ids_from_mask
 
 # A model small enough that a few training steps take well under a second.
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64}
@@ -246,7 +247,7 @@ def test_greedy_accuracy_after_memorising(tok):
     assert toy.greedy_accuracy(model, tok, data, batch_size=3) == 1.0
     # The teacher-forced form of greedy exact match that early stopping uses agrees.
     batch = toy._teacher_forcing_batch(tok, list(data["prompt"]), list(data["answer"]))
-    logits = model(**batch, position_ids=toy._position_ids(batch["attention_mask"])).logits
+    logits = model(**batch, position_ids=position_ids_from_mask(batch["attention_mask"])).logits
     assert toy._sequence_exact_match(logits, batch["labels"]).all()
 
 
