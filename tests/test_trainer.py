@@ -331,3 +331,17 @@ def test_masked_completions_contribute_no_gradient(tmp_path, make_model, tokeniz
     torch.testing.assert_close(gradient(changed), gradient(rollout.advantages))
     changed[0] = 50.0  # a trained one: the gradient must move
     assert not torch.allclose(gradient(changed), gradient(rollout.advantages))
+
+
+def test_tensorboard_tracker_receives_the_metrics(tmp_path, make_model, tokenizer, digit_dataset):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = _config(tmp_path, max_steps=2, report_to="tensorboard", run_name="tb")
+    RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer).train()
+    event_dirs = {path.parent for path in (tmp_path / "run").rglob("events.out.tfevents.*")}
+    assert event_dirs
+    tags = set()
+    for directory in event_dirs:
+        tags |= set(EventAccumulator(str(directory)).Reload().Tags()["scalars"])
+    assert {"reward", "objective/kl", "loss/policy_avg", "episode"} <= tags
