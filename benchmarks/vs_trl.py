@@ -142,13 +142,13 @@ def held_out_score(model, tokenizer, scenario: Scenario, held_out) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_trl_trainer(scenario: Scenario, model, tokenizer, train, reward, output_dir: str, seed: int):
-    from trl import RLOOConfig, RLOOTrainer
-
+def shared_hyperparameters(scenario: Scenario, output_dir: str, seed: int) -> dict:
+    """The settings both trainers get, under the field names both configs share: one dict, so the
+    two runs cannot drift apart."""
     steps = scenario.episodes // scenario.completions_per_step
-    config = RLOOConfig(
+    return dict(
         output_dir=output_dir,
-        per_device_train_batch_size=scenario.completions_per_step,  # counted in completions, as in rloo
+        per_device_train_batch_size=scenario.completions_per_step,  # counted in completions by both
         gradient_accumulation_steps=1,
         num_generations=scenario.num_generations,
         max_completion_length=scenario.max_completion_length,
@@ -166,11 +166,19 @@ def build_trl_trainer(scenario: Scenario, model, tokenizer, train, reward, outpu
         max_steps=steps,
         seed=seed,
         bf16=scenario.bf16,  # TRL defaults to bf16, rloo to fp32: set explicitly, the same for both
+        logging_steps=max(steps, 1),  # log once: the console is not what is measured
+    )
+
+
+def build_trl_trainer(scenario: Scenario, model, tokenizer, train, reward, output_dir: str, seed: int):
+    from trl import RLOOConfig, RLOOTrainer
+
+    config = RLOOConfig(
+        **shared_hyperparameters(scenario, output_dir, seed),
         gradient_checkpointing=False,  # TRL defaults to True; rloo to False (recompute is pure overhead here)
         disable_dropout=True,  # rloo's default (the toy models have no dropout anyway)
         use_vllm=False,
         report_to="none",
-        logging_steps=max(steps, 1),  # log once: the console is not what is measured
         save_strategy="no",
         disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
@@ -182,30 +190,7 @@ def build_trl_trainer(scenario: Scenario, model, tokenizer, train, reward, outpu
 def build_rloo_trainer(scenario: Scenario, model, tokenizer, train, reward, output_dir: str, seed: int):
     from rloo import RLOOConfig, RLOOTrainer
 
-    steps = scenario.episodes // scenario.completions_per_step
-    config = RLOOConfig(
-        output_dir=output_dir,
-        per_device_train_batch_size=scenario.completions_per_step,
-        gradient_accumulation_steps=1,
-        num_generations=scenario.num_generations,
-        max_completion_length=scenario.max_completion_length,
-        temperature=scenario.temperature,
-        top_p=1.0,
-        top_k=0,
-        learning_rate=scenario.learning_rate,
-        lr_scheduler_type="linear",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=scenario.beta,
-        num_iterations=1,
-        epsilon=0.2,
-        max_steps=steps,
-        seed=seed,
-        bf16=scenario.bf16,
-        logging_steps=max(steps, 1),
-        save_steps=0,
-    )
+    config = RLOOConfig(**shared_hyperparameters(scenario, output_dir, seed), save_steps=0)
     return RLOOTrainer(model, reward, args=config, train_dataset=train, processing_class=tokenizer)
 
 
