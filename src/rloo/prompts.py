@@ -51,16 +51,19 @@ def check_prompt_dataset(dataset: Any, name: str) -> None:
 def tokenize_prompts(prompts: list, tokenizer: Any, max_length: int,
                      chat_template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
     """Token ids of each rendered prompt, keeping the last `max_length` (the question is usually at the end)."""
+    return [ids[-max_length:] for ids in _rendered_token_ids(prompts, tokenizer, chat_template_kwargs)]
+
+
+def _rendered_token_ids(prompts: list, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> list[list[int]]:
+    """Untruncated token ids of each prompt as the policy sees it (chat template applied, no special tokens added)."""
     texts = [render_prompt(p, tokenizer, chat_template_kwargs) for p in prompts]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return [seq[-max_length:] for seq in ids]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
 def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: int, policy: str,
                          chat_template_kwargs: dict[str, Any] | None = None) -> None:
     """Apply `truncate_prompts` up front: warn once with the count ("left") or reject the first long row ("error")."""
-    texts = [render_prompt(p, tokenizer, chat_template_kwargs) for p in dataset["prompt"]]
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    lengths = [len(ids) for ids in _rendered_token_ids(list(dataset["prompt"]), tokenizer, chat_template_kwargs)]
     too_long = [index for index, length in enumerate(lengths) if length > max_length]
     if not too_long:
         return
