@@ -345,3 +345,17 @@ def test_tensorboard_tracker_receives_the_metrics(tmp_path, make_model, tokenize
     for directory in event_dirs:
         tags |= set(EventAccumulator(str(directory)).Reload().Tags()["scalars"])
     assert {"reward", "objective/kl", "loss/policy_avg", "episode"} <= tags
+
+
+def test_gradients_left_on_the_model_do_not_leak_into_the_first_step(tmp_path, make_model, tokenizer, digit_dataset):
+    clean = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path / "clean", max_steps=1),
+                        train_dataset=digit_dataset, processing_class=tokenizer)
+    clean.train()
+    stale_model = make_model()
+    for param in stale_model.parameters():  # as a supervised loop leaves them after its last backward
+        param.grad = torch.ones_like(param)
+    stale = RLOOTrainer(stale_model, digit_fraction, args=_config(tmp_path / "stale", max_steps=1),
+                        train_dataset=digit_dataset, processing_class=tokenizer)
+    stale.train()
+    for (name, a), b in zip(clean.model.named_parameters(), stale.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)

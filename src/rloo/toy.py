@@ -437,6 +437,7 @@ def _train_supervised(
             recent.extend(_sequence_exact_match(outputs.logits.detach(), batch["labels"]).tolist())
             if len(recent) == recent.maxlen and sum(recent) / len(recent) >= target_accuracy:
                 break
+    model.zero_grad(set_to_none=True)  # hand the model on without the last step's gradients
     model.eval()
     return losses
 

@@ -212,6 +212,9 @@ class RLOOTrainer:
         )
         self.num_rollouts, self.total_steps = self._run_length()
         optimizer = self._build_optimizer(policy)
+        # A model fresh from another training loop may still hold gradients; the first backward
+        # would add to them.
+        optimizer.zero_grad(set_to_none=True)
         warmup = args.warmup_steps or math.ceil(args.warmup_ratio * self.total_steps)
         scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
                                   num_training_steps=self.total_steps)
