@@ -42,9 +42,9 @@ from pathlib import Path
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.advantages import compute_advantages
-from rloo.logprobs import completion_logprobs
-from rloo.sampling import GenerateSampler
+from rloo.algo.advantages import compute_advantages
+from rloo.algo.logprobs import completion_logprobs
+from rloo.generation import GenerateSampler
 from rloo.toy import addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
 
 ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")

@@ -144,7 +144,8 @@ def test_mini_batch_sizes():
 
 
 def test_the_config_lists_the_same_names_as_the_math_modules():
-    from rloo import advantages, config, kl, loss
+    from rloo import config
+    from rloo.algo import advantages, kl, loss
 
     assert config.ADVANTAGE_ESTIMATORS == advantages.ADVANTAGE_ESTIMATORS
     assert (config.KL_PENALTIES, config.KL_ESTIMATORS) == (kl.KL_PENALTIES, kl.KL_ESTIMATORS)

@@ -8,8 +8,8 @@ import pytest
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.data import load_prompt_dataset
-from rloo.prompts import tokenize_prompts
+from rloo.data.loading import load_prompt_dataset
+from rloo.data.prompts import tokenize_prompts
 from rloo.toy import CHAT_TEMPLATE
 
 from conftest import digit_fraction
@@ -75,13 +75,13 @@ def test_conversational_rows_reach_rewards_as_messages(tmp_path, make_model, tok
     thinking = _thinking_tokenizer(tokenizer)
     trainer = RLOOTrainer(make_model(), record, args=_config(tmp_path, chat_template_kwargs={"enable_thinking": False}),
                           train_dataset=Dataset.from_list(rows), processing_class=thinking)
-    rollout, samples = trainer._generate_and_score(rows[:2])
+    rollout, samples = trainer.collect(rows[:2])
     first_prompt = thinking.decode(rollout.prompt_ids[0][rollout.prompt_mask[0].bool()])
     assert first_prompt == "user: 0+0=\nassistant: </think>"  # template and its kwargs applied
     assert seen["prompts"][0] == rows[0]["prompt"] and seen["answer"] == ["0"] * 4 + ["2"] * 4
     assert all(c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) and len(c) == 1
                for c in seen["completions"])
-    assert [c[0]["content"] for c in seen["completions"]] == samples["completions"]
+    assert [c[0]["content"] for c in seen["completions"]] == samples.completions
 
 
 def test_long_prompts_warn_once_with_a_count_or_fail_naming_the_row(tmp_path, make_model, tokenizer, caplog):

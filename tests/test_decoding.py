@@ -5,10 +5,10 @@ import torch
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from rloo.decoding import FastSampler, filter_logits
-from rloo.kv_cache import AppendInPlaceLayer
-from rloo.logprobs import completion_logprobs
-from rloo.sampling import GenerateSampler
+from rloo.generation.fast import FastSampler, filter_logits
+from rloo.generation.kv_cache import AppendInPlaceLayer
+from rloo.algo.logprobs import completion_logprobs
+from rloo.generation import GenerateSampler
 
 
 def _peaked(model, scale=4.0):
@@ -163,7 +163,7 @@ def test_config_selects_the_sampler(tmp_path, make_model, tokenizer, digit_datas
                           max_completion_length=4, max_steps=1, save_steps=0, sampler=name)
         trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
         assert type(trainer.sampler) is expected
-        rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+        rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
         assert rollout.completion_ids.shape[0] == 8
     with pytest.raises(ConfigError, match="sampler"):
         RLOOConfig(sampler="vllm")

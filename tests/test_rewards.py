@@ -8,7 +8,7 @@ import pytest
 
 from rloo.rewards import (BUILTIN_REWARD_FACTORIES, BUILTIN_REWARDS, code_execution, exact_match, extract_code,
                           length_penalty, math_accuracy, think_format, thinking_answer_reward)
-from rloo.sandbox import run_tests
+from rloo.rewards.sandbox import run_tests
 
 
 def test_exact_match_normalises_and_reads_messages():

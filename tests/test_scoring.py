@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from rloo.advantages import leave_one_out_advantages
-from rloo.scoring import RewardError, RewardFunction, reward_function_metrics, score_completions
+from rloo.algo.advantages import leave_one_out_advantages
+from rloo.rewards.scoring import RewardError, RewardFunction, reward_function_metrics, score_completions
 
 
 def _arguments(n=4):

@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from rloo import toy
-from rloo.logprobs import position_ids_from_mask
+from rloo.algo.logprobs import position_ids_from_mask
 
 # A model small enough that a few training steps take well under a second.
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64}

@@ -6,9 +6,10 @@ import json
 import pytest
 import torch
 
-import rloo.trainer as trainer_module
+import rloo.rollout as rollout_module
+import rloo.update as update_module
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.scoring import RewardError
+from rloo.rewards.scoring import RewardError
 
 from conftest import digit_fraction
 
@@ -51,17 +52,17 @@ def test_gradient_accumulation_matches_one_large_batch(tmp_path, make_model, tok
     common = dict(beta=0.05, max_grad_norm=0.0, **options)
     large = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=8,
                         gradient_accumulation_steps=1, **common), train_dataset=digit_dataset, processing_class=tokenizer)
-    large.reference = make_model(seed=1)  # a reference unlike the policy, so that the KL is not zero
-    rollout, _ = large._generate_and_score([digit_dataset[i] for i in range(2)])
+    large.collector.reference = make_model(seed=1)  # a reference unlike the policy, so that the KL is not zero
+    rollout, _ = large.collect([digit_dataset[i] for i in range(2)])
     assert rollout.advantages.abs().sum() > 0 and rollout.seq_kl.abs().sum() > 0
     rollout.trained = torch.tensor([True, False, True, True, True, True, False, True])  # as masked truncations
     lengths = rollout.loss_mask().sum(dim=1)
     # the two micro-batches hold different numbers of tokens, so a per-micro-batch token mean would differ
     assert lengths[:4].sum() != lengths[4:].sum() or options["loss_agg_mode"] != "token-mean"
-    large._accumulate_gradients(rollout)
+    large.learner.accumulate_gradients(rollout)
     small = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=4,
                         gradient_accumulation_steps=2, **common), train_dataset=digit_dataset, processing_class=tokenizer)
-    small._accumulate_gradients(rollout)
+    small.learner.accumulate_gradients(rollout)
     for (name, p_large), p_small in zip(large.model.named_parameters(), small.model.parameters()):
         torch.testing.assert_close(p_small.grad, p_large.grad, rtol=1e-5, atol=1e-7, msg=name)
 
@@ -84,13 +85,15 @@ def test_seed_000_config_with_reward_model_keyword_and_narrow_signature(tmp_path
 
 def test_one_iteration_without_kl_runs_no_extra_forward(tmp_path, make_model, tokenizer, digit_dataset, monkeypatch):
     calls = []
-    real = trainer_module.completion_logprobs
+    real = rollout_module.completion_logprobs
 
     def counting(model, *args, **kwargs):
         calls.append(torch.is_grad_enabled())
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "completion_logprobs", counting)
+    # Every log-prob pass goes through one of these two: the no-grad passes of a rollout, the training pass.
+    monkeypatch.setattr(rollout_module, "completion_logprobs", counting)
+    monkeypatch.setattr(update_module, "completion_logprobs", counting)
     args = _config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=1)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     assert trainer.reference is None  # beta == 0 loads no reference model
@@ -108,10 +111,10 @@ def test_one_iteration_without_kl_runs_no_extra_forward(tmp_path, make_model, to
 def test_kl_starts_at_zero_and_is_folded_into_rewards(tmp_path, make_model, tokenizer, digit_dataset):
     args = _config(tmp_path, beta=0.5)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
-    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
     torch.testing.assert_close(rollout.seq_kl, torch.zeros(8), atol=1e-5, rtol=0)  # policy == reference
     trainer.train()  # the policy moves away from the reference
-    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
     assert rollout.seq_kl.abs().max() > 1e-3
     torch.testing.assert_close(rollout.rewards, rollout.scores - 0.5 * rollout.seq_kl)
     grouped = rollout.rewards.view(2, 4)
@@ -232,8 +235,8 @@ def test_dataset_errors(tmp_path, make_model, tokenizer, digit_dataset):
 def _rollout_with_kl(tmp_path, make_model, tokenizer, digit_dataset, **options):
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, beta=0.5, max_grad_norm=0.0, **options),
                           train_dataset=digit_dataset, processing_class=tokenizer)
-    trainer.reference = make_model(seed=1)  # a reference unlike the policy, so that the KL is not zero
-    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    trainer.collector.reference = make_model(seed=1)  # a reference unlike the policy, so that the KL is not zero
+    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
     return trainer, rollout
 
 
@@ -247,11 +250,11 @@ def test_token_kl_gives_a_different_gradient_than_sequence_kl(tmp_path, make_mod
     # the first token's advantage is the sequence one; later ones add back the KL before them
     torch.testing.assert_close(rollout.token_advantages[:, 0], rollout.advantages)
     torch.testing.assert_close(rollout.rewards, rollout.scores - 0.5 * rollout.seq_kl)
-    token_trainer._accumulate_gradients(rollout)
+    token_trainer.learner.accumulate_gradients(rollout)
     sequence_trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, beta=0.5, max_grad_norm=0.0),
                                    train_dataset=digit_dataset, processing_class=tokenizer)
     rollout.token_advantages = None  # the same samples, rewards and advantages, sequence KL
-    sequence_trainer._accumulate_gradients(rollout)
+    sequence_trainer.learner.accumulate_gradients(rollout)
     token_grad, sequence_grad = _grads(token_trainer.model), _grads(sequence_trainer.model)
     assert (token_grad - sequence_grad).norm() > 1e-3 * sequence_grad.norm()
 
@@ -261,7 +264,7 @@ def test_kl_in_the_loss_leaves_the_reward_alone(tmp_path, make_model, tokenizer,
                                         kl_estimator="k3")
     torch.testing.assert_close(rollout.rewards, rollout.scores)  # not penalised
     assert rollout.ref_logps is not None and (rollout.seq_kl > 0).all()  # k3 >= 0, measured for the logs
-    stats = trainer._accumulate_gradients(rollout)
+    stats = trainer.learner.accumulate_gradients(rollout)
     assert stats["loss/kl_avg"] > 0
     no_reference = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, kl_penalty="loss", beta=0.0),
                                train_dataset=digit_dataset, processing_class=tokenizer)
@@ -290,10 +293,10 @@ def test_stop_strings_stop_tokens_and_truncation_shaping(tmp_path, make_model, t
                    mask_truncated_completions=True, per_device_train_batch_size=32)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     assert trainer.sampler.eos_token_ids == [tokenizer.eos_token_id, stop_token]
-    rollout, samples = trainer._generate_and_score([digit_dataset[i] for i in range(8)])
-    raw = torch.tensor(digit_fraction(samples["completions"]))
+    rollout, samples = trainer.collect([digit_dataset[i] for i in range(8)])
+    raw = torch.tensor(digit_fraction(samples.completions))
     lengths = rollout.completion_mask.sum(dim=1)
-    for row, (text, ended) in enumerate(zip(samples["completions"], rollout.has_eos.tolist())):
+    for row, (text, ended) in enumerate(zip(samples.completions, rollout.has_eos.tolist())):
         assert "3" not in text[:-1] and "7" not in text[:-1]  # nothing follows a stop
         last = rollout.completion_ids[row, lengths[row] - 1].item()
         assert ended == (text.endswith("3") or last in (stop_token, tokenizer.eos_token_id))
@@ -308,7 +311,7 @@ def test_reinforce_with_one_completion_per_prompt_and_normalised_rewards(tmp_pat
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     metrics = trainer.train()
     assert metrics["reward"] > 0 and metrics["reward_std"] == 0  # the raw score is logged, not the z-score
-    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(8)])
+    rollout, _ = trainer.collect([digit_dataset[i] for i in range(8)])
     torch.testing.assert_close(rollout.scores.mean(), torch.tensor(0.0), atol=1e-5, rtol=0)
     torch.testing.assert_close(rollout.advantages.std(unbiased=False), torch.tensor(1.0), atol=1e-4, rtol=0)
 
@@ -318,12 +321,12 @@ def test_masked_completions_contribute_no_gradient(tmp_path, make_model, tokeniz
     def gradient(advantages):
         trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, loss_agg_mode=loss_agg_mode),
                               train_dataset=digit_dataset, processing_class=tokenizer)
-        trainer._accumulate_gradients(dataclasses.replace(rollout, advantages=advantages))
+        trainer.learner.accumulate_gradients(dataclasses.replace(rollout, advantages=advantages))
         return _grads(trainer.model)
 
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
                           processing_class=tokenizer)
-    rollout, _ = trainer._generate_and_score([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
     rollout.trained = torch.tensor([True, False, True, True, False, True, True, True])
     rollout.advantages = torch.tensor([1.0, 0.0, -1.0, 0.5, 0.0, 2.0, -0.5, -2.0])
     changed = rollout.advantages.clone()

@@ -164,7 +164,7 @@ def resolve_reward_func(spec: str, tokenizer: Any = None) -> Callable | str:
       package.module:function              a function in an importable module
       path/to/file.py:function             a function in a file
     """
-    from .rewards import BUILTIN_REWARD_FACTORIES, BUILTIN_REWARDS
+    from .rewards.builtins import BUILTIN_REWARD_FACTORIES, BUILTIN_REWARDS
 
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
@@ -197,7 +197,7 @@ def _build_factory_reward(name: str, arguments: str, tokenizer: Any) -> Callable
     """`length_penalty:target_length=128,scale=64` -> length_penalty(target_length=128, scale=64)."""
     import inspect
 
-    from .rewards import BUILTIN_REWARD_FACTORIES
+    from .rewards.builtins import BUILTIN_REWARD_FACTORIES
 
     factory = BUILTIN_REWARD_FACTORIES[name]
     kwargs: dict[str, Any] = {}
@@ -216,7 +216,7 @@ def _build_factory_reward(name: str, arguments: str, tokenizer: Any) -> Callable
 
 
 def run_train(argv: Sequence[str]) -> None:
-    from .data import load_prompt_dataset
+    from .data.loading import load_prompt_dataset
     from .trainer import RLOOTrainer
 
     script, config, resume = parse_train_args(argv)
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _run_demo(argv: Sequence[str]) -> None:
-    from .demo import main as demo_main
+    from .toy.demo import main as demo_main
 
     demo_main(argv)
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from .kv_cache import append_in_place_cache
-from .logprobs import position_ids_from_mask
-from .sampling import SampledBatch, completion_mask_from_eos, left_pad
+from ..algo.logprobs import position_ids_from_mask
+from .base import SampledBatch, completion_mask_from_eos, left_pad
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -72,6 +72,9 @@ class FastSampler:
     top_p: float = 1.0
     top_k: int = 0
     do_sample: bool = True
+
+    def on_optimizer_step(self, model: torch.nn.Module) -> None:
+        """Nothing to sync: this sampler runs the policy itself."""
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:

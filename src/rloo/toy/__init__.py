@@ -33,7 +33,7 @@ import transformers
 from datasets import Dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from .logprobs import position_ids_from_mask
+from ..algo.logprobs import position_ids_from_mask
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer

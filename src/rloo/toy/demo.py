@@ -19,9 +19,9 @@ from typing import Sequence
 
 import torch
 
-from .config import RLOOConfig
-from .toy import ADDITION_NUM_EVAL, addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
-from .trainer import RLOOTrainer
+from ..config import RLOOConfig
+from . import ADDITION_NUM_EVAL, addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
+from ..trainer import RLOOTrainer
 
 
 def default_cache_dir() -> Path:

@@ -97,7 +97,7 @@ def build_reward_functions(reward_funcs: Any, reward_processing_classes: Any = N
     """
     from transformers import PreTrainedModel
 
-    from .reward_models import as_reward_model
+    from .reward_model import as_reward_model
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if reward_processing_classes is None or not isinstance(reward_processing_classes, (list, tuple)):
@@ -113,6 +113,25 @@ def build_reward_functions(reward_funcs: Any, reward_processing_classes: Any = N
             func = as_reward_model(func, tokenizer=tokenizer, device=device)
         wrapped.append(RewardFunction.wrap(func))
     return wrapped
+
+
+def reward_arguments(rows: Sequence[dict[str, Any]], prompts: list, completions: list, completion_ids: list[list[int]],
+                     num_generations: int, trainer_state: Any) -> dict[str, Any]:
+    """Everything a reward function may ask for, one entry per completion (B = rows * K).
+
+    `prompts`, `completions` and `completion_ids` come from the trainer; every other dataset column
+    is repeated K times so that each completion sees its own row; `trainer_state` is passed whole.
+    """
+    arguments: dict[str, Any] = {
+        "prompts": prompts,
+        "completions": completions,
+        "completion_ids": completion_ids,
+        "trainer_state": trainer_state,
+    }
+    for column in rows[0]:
+        if column != "prompt":
+            arguments[column] = [row[column] for row in rows for _ in range(num_generations)]
+    return arguments
 
 
 @dataclass

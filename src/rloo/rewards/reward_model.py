@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
-from .prompts import is_conversational
+from ..data.prompts import is_conversational
 
 
 class RewardModel:

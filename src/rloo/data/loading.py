@@ -1,0 +1,34 @@
+"""Loading a prompt dataset from a local file or directory, or (with the network) the Hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def load_prompt_dataset(name: str, split: str = "train", config: str | None = None) -> Any:
+    """Load a dataset from a local file (json, jsonl, csv, parquet), a local directory (written by
+    `save_to_disk` or holding data files), or, for users with the network, a Hub name."""
+    import datasets
+
+    path = Path(name).expanduser()
+    if path.is_file():
+        builder = _FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}.")
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    if path.is_dir():
+        if (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise ValueError(f"{path} has splits {list(loaded)}, not {split!r}; pass --dataset_split.")
+                loaded = loaded[split]
+            return loaded
+        return datasets.load_dataset(str(path), config, split=split)
+    if name.startswith((".", "/", "~")) or name.endswith(tuple(_FILE_BUILDERS)):
+        raise FileNotFoundError(f"dataset {name!r} does not exist locally.")
+    return datasets.load_dataset(name, config, split=split)

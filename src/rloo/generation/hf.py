@@ -1,0 +1,48 @@
+"""Sampling with Hugging Face `generate`: simple and general, the reference for faster backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import SampledBatch, completion_mask_from_eos, left_pad
+
+
+@dataclass
+class GenerateSampler:
+    """Sampling with Hugging Face `generate`: simple and general, the reference for faster backends."""
+
+    pad_token_id: int
+    eos_token_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def on_optimizer_step(self, model: torch.nn.Module) -> None:
+        """Nothing to sync: this sampler runs the policy itself."""
+
+    @torch.no_grad()
+    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
+        device = next(model.parameters()).device
+        repeated = [p for p in prompts for _ in range(num_generations)]  # groups stay contiguous
+        prompt_ids, prompt_mask = left_pad(repeated, self.pad_token_id, device)
+        was_training = model.training
+        model.eval()
+        output = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,  # 0 disables; None would fall back to generation_config (50)
+            max_new_tokens=self.max_new_tokens,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+        )
+        model.train(was_training)
+        completion_ids = output[:, prompt_ids.shape[1]:]  # (B, C), C <= max_new_tokens
+        completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_token_id)
+        return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos)

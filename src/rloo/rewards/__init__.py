@@ -1,0 +1,27 @@
+"""Rewards: built-in reward functions, reward models, the code sandbox, and calling and checking them.
+
+- `builtins`: ready-made reward functions (`exact_match`, `math_accuracy`, `think_format`,
+  `code_execution`, `length_penalty`, `thinking_answer_reward`), importable from here.
+- `scoring`: wrapping user functions, calling them with the arguments they name, checking what
+  they return (`score_completions`), and the per-function metrics.
+- `reward_model`: a sequence-classification model as a reward function.
+- `sandbox`: running untrusted code against tests in a separate, limited process.
+"""
+
+from .builtins import (
+    BUILTIN_REWARD_FACTORIES,
+    BUILTIN_REWARDS,
+    code_execution,
+    completion_text,
+    exact_match,
+    extract_code,
+    length_penalty,
+    math_accuracy,
+    think_format,
+    thinking_answer_reward,
+)
+
+__all__ = [
+    "BUILTIN_REWARDS", "BUILTIN_REWARD_FACTORIES", "code_execution", "completion_text", "exact_match",
+    "extract_code", "length_penalty", "math_accuracy", "think_format", "thinking_answer_reward",
+]

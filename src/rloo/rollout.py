@@ -1,0 +1,204 @@
+"""Steps 1-4 of the loop: sample -> score -> shape -> KL -> advantages, into a typed `Rollout`.
+
+`RolloutCollector.collect(rows)` takes one process's dataset rows (whole prompts) and returns
+their K completions each, scored and baselined. Nothing here changes weights: the policy and the
+reference are only run without grad.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from accelerate import Accelerator
+
+from .algo.advantages import compute_advantages, whiten
+from .algo.kl import kl_penalized_reward, token_kl, token_kl_advantages
+from .algo.logprobs import completion_logprobs
+from .algo.shaping import shape_scores
+from .config import RLOOConfig
+from .data.prompts import as_completions, tokenize_prompts
+from .generation.base import SampledBatch, Sampler
+from .generation.stop import cut_at_stop_strings
+from .rewards.scoring import RewardFunction, reward_arguments, score_completions
+
+
+@dataclass
+class Rollout:
+    """One process's generated batch: whole groups, scored and baselined.
+
+    Rows are group-contiguous: row p*K + k is completion k of prompt p. B = prompts_per_rollout * K.
+    """
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P)
+    completion_ids: torch.Tensor  # (B, C) right-padded
+    completion_mask: torch.Tensor  # (B, C) 1 up to and including EOS (or the stop token / string)
+    old_logps: torch.Tensor | None  # (B, C) log-probs at sampling time; None when the batch is used once
+    ref_logps: torch.Tensor | None  # (B, C) reference log-probs, kept for kl_penalty="loss"; else None
+    raw_scores: torch.Tensor  # (B,) weighted reward-function scores, as returned (logged as "reward")
+    reward_columns: torch.Tensor  # (B, F) each reward function's value, NaN where it returned None
+    scores: torch.Tensor  # (B,) the scores after shaping (missing_eos_penalty, normalize_rewards, clipping)
+    seq_kl: torch.Tensor  # (B,) sequence KL to the reference at sampling time (zeros when beta == 0)
+    rewards: torch.Tensor  # (B,) scores - beta * seq_kl (scores alone for kl_penalty="loss")
+    advantages: torch.Tensor  # (B,) advantages of the rewards
+    token_advantages: torch.Tensor | None  # (B, C) per-token advantages for kl_penalty="token"; else None
+    has_eos: torch.Tensor  # (B,) bool, the completion ended (EOS, stop token or stop string)
+    trained: torch.Tensor  # (B,) bool, the completion carries loss weight (scored, and see mask_truncated_completions)
+
+    def micro_batch(self, start: int, size: int) -> "Rollout":
+        """Rows [start, start + size), with padding columns that every row shares trimmed off."""
+        rows = slice(start, start + size)
+        prompt_mask = self.prompt_mask[rows]
+        completion_mask = self.completion_mask[rows]
+        first = int((prompt_mask.sum(0) > 0).nonzero()[0])  # first prompt column any row uses
+        last = int((completion_mask.sum(0) > 0).nonzero()[-1]) + 1  # past the last completion column used
+
+        def columns(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor[rows, :last]
+
+        return Rollout(
+            prompt_ids=self.prompt_ids[rows, first:],
+            prompt_mask=prompt_mask[:, first:],
+            completion_ids=self.completion_ids[rows, :last],
+            completion_mask=completion_mask[:, :last],
+            old_logps=columns(self.old_logps),
+            ref_logps=columns(self.ref_logps),
+            raw_scores=self.raw_scores[rows],
+            scores=self.scores[rows],
+            reward_columns=self.reward_columns[rows],
+            seq_kl=self.seq_kl[rows],
+            rewards=self.rewards[rows],
+            advantages=self.advantages[rows],
+            token_advantages=columns(self.token_advantages),
+            has_eos=self.has_eos[rows],
+            trained=self.trained[rows],
+        )
+
+    def loss_mask(self) -> torch.Tensor:
+        """(B, C) float: 1 for completion tokens of completions that carry loss weight."""
+        return self.completion_mask.float() * self.trained.float().unsqueeze(-1)
+
+
+@dataclass
+class Samples:
+    """The text side of a rollout, for the completions table: one entry per completion."""
+
+    prompts: list  # (B,) each prompt repeated K times, as the dataset holds it
+    completions: list[str]  # (B,) decoded completion text
+
+
+@dataclass
+class RolloutCollector:
+    """Everything steps 1-4 need, fixed at construction; `collect` runs them on a batch of rows."""
+
+    args: RLOOConfig
+    accelerator: Accelerator
+    model: torch.nn.Module  # the policy as accelerate prepared it
+    reference: torch.nn.Module | None  # the frozen reference; None at beta 0 or under LoRA (adapters disabled)
+    tokenizer: Any
+    sampler: Sampler
+    reward_functions: list[RewardFunction]
+    reward_weights: list[float]
+
+    @torch.no_grad()
+    def collect(self, rows: list[dict[str, Any]], global_step: int = 0, episode: int = 0) -> tuple[Rollout, Samples]:
+        """Steps 1-4 on one process's rows; `global_step` and `episode` reach reward functions as `trainer_state`."""
+        args, k = self.args, self.args.num_generations
+        prompts = [row["prompt"] for row in rows]
+
+        # 1. Sample K completions of each prompt (groups contiguous: row p*K + k), cut at stop strings.
+        sampled = self.sample(prompts)
+        completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.completion_ids, sampled.completion_mask)]
+        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        repeated_prompts = [p for p in prompts for _ in range(k)]
+
+        # 2. Score every completion (messages for conversations), then shape the scores.
+        arguments = reward_arguments(rows, repeated_prompts, as_completions(repeated_prompts, completions),
+                                     completion_ids, k, {"global_step": global_step, "episode": episode})
+        scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
+                                   step=global_step)
+        raw_scores = scored.scores.to(sampled.completion_ids.device)  # (B,)
+        valid = scored.valid.to(raw_scores.device)  # (B,) False where no reward function applied
+        scores = shape_scores(raw_scores, sampled.has_eos, args.missing_eos_penalty, args.normalize_rewards,
+                              args.reward_clip_range, valid)  # (B,)
+
+        # 3. Fold the KL into the reward before the baseline (kl_penalty "sequence" and "token").
+        mask = sampled.completion_mask
+        old_logps = ref_logps = None
+        token_kls = torch.zeros_like(mask, dtype=torch.float32)  # (B, C)
+        if args.beta > 0 or args.steps_per_rollout > 1:
+            old_logps = self.logprobs(self.accelerator.unwrap_model(self.model), sampled)
+        if args.beta > 0:
+            with self.reference_model() as reference:
+                ref_logps = self.logprobs(reference, sampled)
+            token_kls = token_kl(old_logps, ref_logps, args.kl_estimator) * mask  # (B, C)
+        seq_kl = token_kls.sum(dim=1)  # (B,) measured in every mode, penalised in two
+        rewards = scores if args.kl_penalty == "loss" else kl_penalized_reward(scores, seq_kl, args.beta)  # (B,)
+
+        # 4. Advantages within each group of K (unscored completions sit out), optionally whitened.
+        advantages = compute_advantages(rewards.view(-1, k), args.advantage_estimator, valid.view(-1, k)).view(-1)  # (B,)
+        if args.normalize_advantages:
+            advantages = whiten(advantages, valid)
+        token_advantages = None
+        if args.kl_penalty == "token" and args.beta > 0:  # each token's return counts only the KL after it
+            token_advantages = token_kl_advantages(advantages, token_kls, mask, args.beta)  # (B, C)
+
+        rollout = Rollout(
+            prompt_ids=sampled.prompt_ids,
+            prompt_mask=sampled.prompt_mask,
+            completion_ids=sampled.completion_ids,
+            completion_mask=mask,
+            old_logps=old_logps if args.steps_per_rollout > 1 else None,
+            ref_logps=ref_logps if args.kl_penalty == "loss" else None,
+            raw_scores=raw_scores,
+            scores=scores,
+            reward_columns=scored.per_function.to(scores.device),
+            seq_kl=seq_kl,
+            rewards=rewards,
+            advantages=advantages,
+            token_advantages=token_advantages,
+            has_eos=sampled.has_eos,
+            trained=valid & (sampled.has_eos | (not args.mask_truncated_completions)),
+        )
+        return rollout, Samples(prompts=repeated_prompts, completions=completions)
+
+    def sample(self, prompts: list) -> SampledBatch:
+        """K completions of each prompt, cut after the first stop string (which then counts as an end)."""
+        args, acc = self.args, self.accelerator
+        with acc.autocast():
+            prompt_ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs)
+            sampled = self.sampler.sample(acc.unwrap_model(self.model), prompt_ids, args.num_generations)
+        if args.stop_strings:
+            sampled.completion_ids, sampled.completion_mask, sampled.has_eos = cut_at_stop_strings(
+                sampled.completion_ids, sampled.completion_mask, sampled.has_eos,
+                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                args.stop_strings, self.tokenizer.pad_token_id)
+        return sampled
+
+    @contextlib.contextmanager
+    def reference_model(self) -> Iterator[torch.nn.Module]:
+        """The frozen reference: the separate copy, or under LoRA the policy with its adapters
+        disabled (no second copy of the weights)."""
+        if self.reference is not None:
+            yield self.reference
+        else:
+            policy = self.accelerator.unwrap_model(self.model)
+            with policy.disable_adapter():
+                yield policy
+
+    def logprobs(self, model: torch.nn.Module, sampled: SampledBatch) -> torch.Tensor:
+        """No-grad (B, C) completion log-probs, in micro-batches of per_device_train_batch_size."""
+        input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)  # (B, P + C)
+        attention_mask = torch.cat([sampled.prompt_mask, sampled.completion_mask], dim=1)
+        completion_length, size = sampled.completion_ids.shape[1], self.args.per_device_train_batch_size
+        chunks = []
+        with self.accelerator.autocast():
+            for start in range(0, input_ids.shape[0], size):
+                logps, _ = completion_logprobs(model, input_ids[start : start + size],
+                                               attention_mask[start : start + size], completion_length,
+                                               self.args.temperature)
+                chunks.append(logps)
+        return torch.cat(chunks)

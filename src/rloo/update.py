@@ -1,0 +1,144 @@
+"""Step 5 of the loop: spend a rollout in optimizer steps.
+
+A rollout is split into `num_mini_batches` mini-batches of `completions_per_step` rows (in order,
+so groups stay whole), and the split is passed over `num_iterations` times; each mini-batch is one
+optimizer step, accumulated over `gradient_accumulation_steps` micro-batches.
+
+The loss-denominator contract lives here, in `Learner.accumulate_gradients`: the denominator
+(completions, or completion tokens for token-mean) is counted over the whole step on every process
+before any backward, and each micro-batch adds its summed numerators divided by it, so the
+accumulated gradient is the one of a single large batch, however the step is split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from accelerate import Accelerator
+
+from .algo.kl import token_kl
+from .algo.logprobs import completion_logprobs
+from .algo.loss import PolicyLossOutput, clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
+from .config import RLOOConfig
+from .metrics import step_metrics
+from .rollout import Rollout
+
+# Sums over a step's micro-batches from which `metrics.step_metrics` builds the step's metrics.
+STEP_TOTALS = ("loss", "units", "clipped_low", "clipped_high", "ratio", "ratio_sq", "approxkl", "entropy", "tokens",
+               "kl_loss")
+
+
+def mini_batches(rollout: Rollout, args: RLOOConfig) -> Iterator[Rollout]:
+    """The rollout's optimizer steps in order: num_iterations passes over its num_mini_batches
+    mini-batches of completions_per_step rows (taken in order, so groups stay whole)."""
+    size = args.completions_per_step
+    for _ in range(args.num_iterations):
+        for index in range(args.num_mini_batches):
+            yield rollout.micro_batch(index * size, size)
+
+
+@dataclass
+class Learner:
+    """The policy's optimizer step: forward and backward per micro-batch, clip, step, schedule."""
+
+    args: RLOOConfig
+    accelerator: Accelerator
+    model: torch.nn.Module  # prepared by accelerate
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any
+
+    def step(self, mini_batch: Rollout) -> dict[str, float]:
+        """One optimizer step over a mini-batch; returns the step's metrics."""
+        stats = self.accumulate_gradients(mini_batch)
+        max_norm = self.args.max_grad_norm
+        if max_norm > 0:
+            stats["grad_norm"] = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats
+
+    def accumulate_gradients(self, mini_batch: Rollout) -> dict[str, float]:
+        """Backward over one optimizer step's rows in gradient_accumulation_steps micro-batches.
+
+        DDP averages gradients over processes, so each process divides by global count / processes.
+        """
+        args, acc = self.args, self.accelerator
+        size = args.per_device_train_batch_size
+        denominator = self.loss_denominator(mini_batch)
+        totals = dict.fromkeys(STEP_TOTALS, 0.0)
+        for index in range(args.gradient_accumulation_steps):
+            micro = mini_batch.micro_batch(index * size, size)
+            is_last = index == args.gradient_accumulation_steps - 1
+            with contextlib.nullcontext() if is_last else acc.no_sync(self.model):
+                numerators, stats = self.micro_batch_loss(micro)
+                acc.backward(numerators.sum() / denominator)
+            totals["loss"] += numerators.detach().sum().item()
+            for name, value in stats.items():
+                totals[name] += value
+        return step_metrics(totals, float(denominator), with_kl_loss=args.kl_penalty == "loss" and args.beta > 0)
+
+    def loss_denominator(self, mini_batch: Rollout) -> torch.Tensor:
+        """This process's share of the step's denominator: the global count / number of processes."""
+        local = loss_denominator(self.args.loss_agg_mode, mini_batch.loss_mask()).to(self.accelerator.device)
+        global_count = self.accelerator.gather(local.reshape(1)).sum()
+        return (global_count / self.accelerator.num_processes).clamp(min=1e-8)
+
+    def micro_batch_loss(self, micro: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """(b,) per-completion loss numerators with grad, and the sums the step's metrics are built from."""
+        args = self.args
+        input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
+        attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)
+        logps, entropy = completion_logprobs(self.model, input_ids, attention_mask, micro.completion_ids.shape[1],
+                                             args.temperature, with_entropy=True, entropy_grad=args.entropy_coef > 0)
+        mask = micro.loss_mask()  # (b, C)
+        # Used once, pi_old is the current policy detached (ratio 1, gradient of log pi).
+        old_logps = logps.detach() if micro.old_logps is None else micro.old_logps
+        out, numerators, units = self.policy_loss(logps, old_logps, micro, mask)
+
+        extra = torch.zeros_like(logps)  # (b, C) per-token terms aggregated like the policy loss
+        kl_sum = 0.0
+        if args.kl_penalty == "loss" and args.beta > 0:
+            kl = token_kl(logps, micro.ref_logps, args.kl_estimator)  # (b, C), with grad
+            extra = extra + args.beta * kl
+            kl_sum = (kl.detach() * mask).sum().item()
+        if args.entropy_coef > 0:
+            extra = extra - args.entropy_coef * entropy
+        numerators = numerators + reduce_to_sequences(extra, mask, args.loss_agg_mode, args.max_completion_length)
+
+        log_ratio = torch.log(out.ratio.clamp(min=1e-30))
+        stats = {
+            "units": units.sum().item(),
+            "clipped_low": (out.clipped_low * units).sum().item(),
+            "clipped_high": (out.clipped_high * units).sum().item(),
+            "ratio": (out.ratio * units).sum().item(),
+            "ratio_sq": (out.ratio ** 2 * units).sum().item(),
+            "approxkl": (0.5 * log_ratio ** 2 * units).sum().item(),
+            "entropy": (entropy.detach() * mask).sum().item(),
+            "tokens": mask.sum().item(),
+            "kl_loss": kl_sum,
+        }
+        return numerators, stats
+
+    def policy_loss(self, logps: torch.Tensor, old_logps: torch.Tensor, micro: Rollout,
+                    mask: torch.Tensor) -> tuple[PolicyLossOutput, torch.Tensor, torch.Tensor]:
+        """The clipped policy loss at the level the config asks for.
+
+        The default (seq-mean-token-sum with sequence or no KL) treats a completion as one action with
+        one ratio; every other mode, and per-token advantages (kl_penalty="token"), use per-token ratios.
+
+        Returns:
+            the loss output, (b,) per-completion numerators, and the units its statistics are over:
+            (b,) trained completions for the sequence ratio, (b, C) tokens otherwise.
+        """
+        args = self.args
+        if args.loss_agg_mode == "seq-mean-token-sum" and micro.token_advantages is None:
+            out = clipped_sequence_loss((logps * mask).sum(dim=1), (old_logps * mask).sum(dim=1), micro.advantages,
+                                        args.epsilon, args.epsilon_high)
+            return out, out.loss * micro.trained.float(), micro.trained.float()
+        advantages = micro.token_advantages if micro.token_advantages is not None else micro.advantages
+        out = clipped_token_loss(logps, old_logps, advantages, args.epsilon, args.epsilon_high)
+        return out, reduce_to_sequences(out.loss, mask, args.loss_agg_mode, args.max_completion_length), mask
