@@ -88,6 +88,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str)
         base = next((a for a in args if a is not type(None)), hint) if args and type(None) in args else hint
         if typing.get_origin(base) is list:
             kwargs.update(nargs="+", type=typing.get_args(base)[0])
+        elif list[str] in args:  # str | list[str], such as report_to: one or more words
+            kwargs.update(nargs="+", type=str)
         elif typing.get_origin(base) is dict:
             kwargs.update(type=_parse_mapping, metavar="YAML")
         elif base is bool:

@@ -33,7 +33,7 @@ from .config import RLOOConfig
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
 from .data.schedule import PromptSchedule, select_rows
 from .generation.base import Sampler
-from .metrics import MetricsLogger, MetricsWindow, rollout_metrics
+from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics
 from .rewards.scoring import TRAINER_ARGUMENTS, build_reward_functions
 from .rollout import Rollout, RolloutCollector, Samples
 from .update import Learner, mini_batches
@@ -136,8 +136,7 @@ class RLOOTrainer:
             state = checkpoint.load_checkpoint(acc, resume_from_checkpoint, args)
             self.global_step, self.episode = state["global_step"], state["episode"]
             start_rollout = state["rollout_index"] + 1
-        if args.report_to != "none":
-            acc.init_trackers(args.run_name or Path(args.output_dir).name, config=args.to_dict())
+        self.logger.start(args.to_dict(), args.run_name)
         self.model.train()
         window = MetricsWindow()
         last_metrics: dict[str, float] = {}
@@ -199,9 +198,10 @@ class RLOOTrainer:
         }
         self.logger.log(metrics, self.global_step)
         if self.args.log_completions:
-            self.logger.log_completions(samples.prompts, samples.completions, rollout.scores.tolist(),
-                                        rollout.advantages.tolist(), self.global_step,
-                                        self.args.num_completions_to_print)
+            rows = completion_rows(samples.prompts, samples.completions, [fn.name for fn in self.reward_functions],
+                                   rollout.reward_columns, rollout.scores.tolist(), rollout.advantages.tolist(),
+                                   self.global_step, self.args.num_completions_to_print)
+            self.logger.log_completions(rows, self.global_step)
         return metrics
 
     @torch.no_grad()
