@@ -238,6 +238,10 @@ class RLOOConfig:
     """With an eval_dataset, score sampled completions of its prompts every this many optimizer
     steps (eval/reward); 0 evaluates only at the end of training."""
 
+    # --- eval (issue 12, item 6) ---
+    num_generations_eval: int | None = None
+    """Completions sampled per eval prompt (TRL's name), the n of eval/pass@k; None uses num_generations."""
+
     def __post_init__(self) -> None:
         _validate(self)
 
@@ -411,6 +415,8 @@ def _validate(c: RLOOConfig) -> None:
     require(c.save_total_limit is None or c.save_total_limit >= 1,
             f"save_total_limit must be >= 1 or unset, got {c.save_total_limit!r}.")
     require(c.eval_steps >= 0, f"eval_steps must be >= 0, got {c.eval_steps!r}.")
+    require(c.num_generations_eval is None or (isinstance(c.num_generations_eval, int) and c.num_generations_eval >= 1),
+            f"num_generations_eval must be an integer >= 1 or unset (num_generations), got {c.num_generations_eval!r}.")
     require(c.reward_weights is None or (len(c.reward_weights) > 0 and all(isinstance(w, (int, float)) for w in c.reward_weights)),
             f"reward_weights must be a non-empty list of numbers or unset, got {c.reward_weights!r}.")
     require(c.truncate_prompts in TRUNCATE_PROMPTS,

@@ -71,14 +71,27 @@ CONSOLE_METRICS = {
 CONSOLE_MAX_COLUMNS = 9
 
 
+def console_label(key: str) -> str:
+    """A short column name for an eval metric: eval/rewards/acc/pass@4 -> "acc pass@4"."""
+    short = {"eval/reward": "eval reward", "eval/reward_std": "spread", "eval/completions/mean_length": "length",
+             "eval/completions/clipped_ratio": "truncated"}
+    if key in short:
+        return short[key]
+    parts = key.split("/")
+    return " ".join(parts[2:]) if key.startswith("eval/rewards/") else parts[-1]
+
+
 def console_columns(metrics: dict[str, float]) -> dict[str, float]:
     """The short set shown on the console: the key training metrics when present, else (an eval
-    log) the first CONSOLE_MAX_COLUMNS metrics, per-function ones last."""
+    log) reward, spread, length, truncation and pass@k, at most CONSOLE_MAX_COLUMNS."""
     shown = {label: metrics[key] for key, label in CONSOLE_METRICS.items() if key in metrics}
     if shown:
         return shown
-    ordered = sorted(metrics, key=lambda key: key.count("/"))  # eval/reward before eval/rewards/f/mean
-    return {key: metrics[key] for key in ordered[:CONSOLE_MAX_COLUMNS]}
+    wanted = [key for key in ("eval/reward", "eval/reward_std", "eval/completions/mean_length",
+                              "eval/completions/clipped_ratio") if key in metrics]
+    wanted += [key for key in metrics if "pass@" in key]
+    wanted = wanted or list(metrics)
+    return {console_label(key): metrics[key] for key in wanted[:CONSOLE_MAX_COLUMNS]}
 
 
 def format_value(value: Any) -> str:
@@ -90,7 +103,7 @@ def metrics_table(metrics: dict[str, float], step: int) -> Table:
     table = Table(title=None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     columns = {"step": step, **console_columns(metrics)}
     for name in columns:
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", no_wrap=True)
     table.add_row(*(format_value(value) for value in columns.values()))
     return table
 
@@ -108,7 +121,8 @@ def completions_table(rows: Sequence[dict[str, Any]], step: int, max_rows: int) 
     columns = [key for key in (rows[0] if rows else {}) if key != "step"]
     for key in columns:
         text = key in ("prompt", "completion")
-        table.add_column(key, overflow="fold", max_width=48 if text else 12, justify="left" if text else "right")
+        table.add_column(key, overflow="fold", max_width=48 if text else max(len(key), 9),
+                         justify="left" if text else "right")
     for row in list(rows)[:max_rows]:
         table.add_row(*(format_value(row[key]) if key != "advantage" else f"{row[key]:+.4g}" for key in columns))
     return table
