@@ -18,6 +18,6 @@ def test_eval_log_shows_short_names_with_pass_at_k():
     metrics = {"eval/reward": 0.5, "eval/reward_std": 0.1, "eval/completions/mean_length": 3.0,
                "eval/completions/min_length": 1.0, "eval/completions/clipped_ratio": 0.0,
                "eval/rewards/acc/mean": 0.5, "eval/rewards/acc/pass@1": 0.5, "eval/rewards/acc/pass@4": 0.9}
-    assert list(console_columns(metrics)) == ["eval reward", "spread", "length", "truncated", "acc pass@1",
+    assert list(console_columns(metrics)) == ["eval/reward", "spread", "length", "truncated", "acc pass@1",
                                               "acc pass@4"]
     assert "…" not in render(metrics_table(metrics, 3))

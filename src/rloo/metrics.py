@@ -73,7 +73,7 @@ CONSOLE_MAX_COLUMNS = 9
 
 def console_label(key: str) -> str:
     """A short column name for an eval metric: eval/rewards/acc/pass@4 -> "acc pass@4"."""
-    short = {"eval/reward": "eval reward", "eval/reward_std": "spread", "eval/completions/mean_length": "length",
+    short = {"eval/reward": "eval/reward", "eval/reward_std": "spread", "eval/completions/mean_length": "length",
              "eval/completions/clipped_ratio": "truncated"}
     if key in short:
         return short[key]

@@ -53,6 +53,38 @@ def figure_png(figure: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def _band(rows: list[dict[str, Any]], y: list[float], band: tuple[str, str] | None) -> tuple[list, list] | None:
+    """The (low, high) of a panel's shaded band: mean +- std, or a min and a max metric."""
+    if band is None or not all(band[0] in r for r in rows):
+        return None
+    if band[1] == "std":
+        return [v - r[band[0]] for v, r in zip(y, rows)], [v + r[band[0]] for v, r in zip(y, rows)]
+    if all(band[1] in r for r in rows):
+        return [r[band[0]] for r in rows], [r[band[1]] for r in rows]
+    return None
+
+
+def _panel(plt: Any, title: str, records: list[dict[str, Any]], series: list[tuple[str, str]],
+           band: tuple[str, str] | None = None, legend_size: int | None = None) -> str:
+    """One plot of `series` (metric, label) against episodes, as base64 PNG; a legend when
+    `legend_size` is given."""
+    figure, axis = plt.subplots(figsize=(6, 3.2))
+    for index, (key, label) in enumerate(series):
+        rows = [r for r in records if key in r]
+        x, y = [r["episode"] for r in rows], [r[key] for r in rows]
+        axis.plot(x, y, marker="o", markersize=2, label=label)
+        low_high = _band(rows, y, band) if index == 0 else None
+        if low_high:
+            axis.fill_between(x, *low_high, alpha=0.25)
+    axis.set(title=title, xlabel="episodes")
+    axis.grid(alpha=0.3)
+    if legend_size:
+        axis.legend(fontsize=legend_size)
+    png = figure_png(figure)
+    plt.close(figure)
+    return png
+
+
 def draw_panels(train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(title, base64 PNG) of every panel that has data; eval metrics are one panel per family."""
     try:
@@ -65,43 +97,14 @@ def draw_panels(train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> lis
     panels = []
     for title, series, band in PANELS:
         series = [(key, label) for key, label in series if any(key in r for r in train)]
-        if not series:
-            continue
-        figure, axis = plt.subplots(figsize=(6, 3.2))
-        for key, label in series:
-            rows = [r for r in train if key in r]
-            x, y = [r["episode"] for r in rows], [r[key] for r in rows]
-            axis.plot(x, y, marker="o", markersize=2, label=label)
-            if band and all(band[0] in r for r in rows):
-                if band[1] == "std":
-                    low = [v - r[band[0]] for v, r in zip(y, rows)]
-                    high = [v + r[band[0]] for v, r in zip(y, rows)]
-                elif all(band[1] in r for r in rows):
-                    low, high = [r[band[0]] for r in rows], [r[band[1]] for r in rows]
-                else:
-                    low = high = None
-                if low is not None:
-                    axis.fill_between(x, low, high, alpha=0.25)
-        axis.set(title=title, xlabel="episodes")
-        axis.grid(alpha=0.3)
-        if len(series) > 1:
-            axis.legend()
-        panels.append((title, figure_png(figure)))
-        plt.close(figure)
-    families: dict[str, list[str]] = defaultdict(list)
+        if series:
+            panels.append((title, _panel(plt, title, train, series, band, 9 if len(series) > 1 else None)))
+    families: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for key in sorted({k for r in evals for k in r if k.startswith("eval/") and not k.endswith("/std")}):
         family = "eval pass@k" if "pass@" in key else "eval length" if "length" in key else "eval reward and rates"
-        families[family].append(key)
-    for family, keys in families.items():
-        figure, axis = plt.subplots(figsize=(6, 3.2))
-        for key in keys:
-            rows = [r for r in evals if key in r]
-            axis.plot([r["episode"] for r in rows], [r[key] for r in rows], marker="o", markersize=3, label=key)
-        axis.set(title=family, xlabel="episodes")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
-        panels.append((family, figure_png(figure)))
-        plt.close(figure)
+        families[family].append((key, key))
+    for family, series in families.items():
+        panels.append((family, _panel(plt, family, evals, series, legend_size=7)))
     return panels
 
 
