@@ -21,3 +21,19 @@ def test_eval_log_shows_short_names_with_pass_at_k():
     assert list(console_columns(metrics)) == ["eval/reward", "spread", "length", "truncated", "acc pass@1",
                                               "acc pass@4"]
     assert "…" not in render(metrics_table(metrics, 3))
+
+
+def test_tables_go_through_tqdm_write_so_the_progress_bar_is_redrawn_below(tmp_path, monkeypatch, capsys):
+    import torch
+    from accelerate import Accelerator
+
+    from rloo import metrics as metrics_module
+
+    written = []
+    monkeypatch.setattr(metrics_module.tqdm, "write", lambda text, *a, **k: written.append(text))
+    logger = metrics_module.MetricsLogger(Accelerator(cpu=True), tmp_path, "none")
+    logger.log({"reward": 0.5}, step=1)
+    rows = metrics_module.completion_rows(["p"], ["c"], ["f"], torch.tensor([[1.0]]), [1.0], [0.5], 1, 4)
+    logger.log_completions(rows, step=1)
+    assert len(written) == 2 and "reward" in written[0] and "Sample completions at step 1" in written[1]
+    assert capsys.readouterr().out == ""  # nothing printed around the bar
