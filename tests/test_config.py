@@ -53,7 +53,7 @@ def test_batch_sizes_count_completions_like_trl():
         (dict(save_total_limit=0), "save_total_limit"),
         (dict(eval_steps=-1), "eval_steps"),
         (dict(reward_weights=[]), "reward_weights"),
-        (dict(report_to="mlflow"), "report_to"),
+        (dict(report_to="neptune"), "report_to"),
         (dict(max_prompt_length=0), "max_prompt_length"),
         (dict(max_completion_length=0), "max_completion_length"),
         (dict(logging_steps=0), "logging_steps"),

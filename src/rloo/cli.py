@@ -88,6 +88,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str)
         base = next((a for a in args if a is not type(None)), hint) if args and type(None) in args else hint
         if typing.get_origin(base) is list:
             kwargs.update(nargs="+", type=typing.get_args(base)[0])
+        elif list[str] in args:  # str | list[str], such as report_to: one or more words
+            kwargs.update(nargs="+", type=str)
         elif typing.get_origin(base) is dict:
             kwargs.update(type=_parse_mapping, metavar="YAML")
         elif base is bool:
@@ -252,10 +254,14 @@ def run_train(argv: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": run_train, "demo": _run_demo}
+    from .commands import run_eval, run_report
+
+    commands = {"train": run_train, "demo": _run_demo, "eval": run_eval, "report": run_report}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: rloo {train,demo} [options]\n\n"
+        print("usage: rloo {train,eval,report,demo} [options]\n\n"
               "  train   train a causal LM with RLOO from a YAML config and flags (rloo train --help)\n"
+              "  eval    eval metrics (reward, pass@k, lengths) of a saved model or checkpoint (rloo eval --help)\n"
+              "  report  write RUN_DIR/report.html: plots, config and sample completions of a run\n"
               "  demo    offline demo: a tiny model learns two-digit addition (rloo demo --help)")
         raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
     try:

@@ -28,6 +28,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+from .trackers import check_report_to
+
 logger = logging.getLogger(__name__)
 
 # Old name -> canonical field. The old names come from TRL v0 and the seed scripts.
@@ -49,7 +51,6 @@ LR_SCHEDULERS = (
     "inverse_sqrt",
 )
 OPTIMIZERS = ("adamw_torch", "adamw_8bit")
-REPORT_TO = ("none", "tensorboard", "wandb")
 TRUNCATE_PROMPTS = ("left", "error")
 SAMPLERS = ("fast", "generate")
 # Kept here (not imported from the math modules) so that the config imports no torch.
@@ -73,9 +74,12 @@ class RLOOConfig:
     seed: int = 42
     """Seed for sampling, data order and initialisation; a run is reproducible given the seed."""
     run_name: str | None = None
-    """Name of the run in trackers (TensorBoard, W&B); defaults to the output directory's name."""
-    report_to: str = "none"
-    """Tracker for metrics besides the console and metrics.jsonl: "none", "tensorboard" or "wandb"."""
+    """Name of the run in trackers that name runs (W&B, trackio, MLflow, ...); the project is
+    $WANDB_PROJECT (default "rloo")."""
+    report_to: str | list[str] = "none"
+    """Trackers for metrics besides the console and metrics.jsonl, through accelerate: "none", "all"
+    (every installed one), or one or a list of "tensorboard", "wandb", "trackio", "mlflow", "comet_ml",
+    "aim", "clearml", "dvclive", "swanlab". The project is $WANDB_PROJECT (default "rloo")."""
 
     # --- optimisation ---
     learning_rate: float = 1e-6
@@ -233,6 +237,10 @@ class RLOOConfig:
     eval_steps: int = 0
     """With an eval_dataset, score sampled completions of its prompts every this many optimizer
     steps (eval/reward); 0 evaluates only at the end of training."""
+
+    # --- eval (issue 12, item 6) ---
+    num_generations_eval: int | None = None
+    """Completions sampled per eval prompt (TRL's name), the n of eval/pass@k; None uses num_generations."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -407,6 +415,8 @@ def _validate(c: RLOOConfig) -> None:
     require(c.save_total_limit is None or c.save_total_limit >= 1,
             f"save_total_limit must be >= 1 or unset, got {c.save_total_limit!r}.")
     require(c.eval_steps >= 0, f"eval_steps must be >= 0, got {c.eval_steps!r}.")
+    require(c.num_generations_eval is None or (isinstance(c.num_generations_eval, int) and c.num_generations_eval >= 1),
+            f"num_generations_eval must be an integer >= 1 or unset (num_generations), got {c.num_generations_eval!r}.")
     require(c.reward_weights is None or (len(c.reward_weights) > 0 and all(isinstance(w, (int, float)) for w in c.reward_weights)),
             f"reward_weights must be a non-empty list of numbers or unset, got {c.reward_weights!r}.")
     require(c.truncate_prompts in TRUNCATE_PROMPTS,
@@ -414,7 +424,10 @@ def _validate(c: RLOOConfig) -> None:
     require(c.chat_template_kwargs is None or isinstance(c.chat_template_kwargs, dict),
             f"chat_template_kwargs must be a mapping of argument names to values or unset, got "
             f"{c.chat_template_kwargs!r}.")
-    require(c.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO}, got {c.report_to!r}.")
+    try:  # names only; whether each is installed is checked when the trainer starts its trackers
+        check_report_to(c.report_to)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 @functools.cache

@@ -7,6 +7,7 @@ accelerate's trackers, with a table of sample completions. Only the main process
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections import defaultdict
@@ -15,11 +16,13 @@ from typing import Any, Protocol, Sequence
 
 import torch
 from accelerate import Accelerator
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from tqdm.auto import tqdm
 
 from .rewards.scoring import reward_function_metrics
+from .trackers import init_kwargs, log_table, project_name, resolve_report_to, tracker_config
 
 
 class MetricsSink(Protocol):
@@ -54,42 +57,95 @@ class MetricsWindow:
         return means
 
 
-def format_metrics(metrics: dict[str, float], step: int) -> str:
-    """One console line: `step 10 | reward 0.41 | kl 0.002 | ...`."""
-    parts = [f"step {step}"]
-    for key, value in metrics.items():
-        parts.append(f"{key} {value:.4g}" if isinstance(value, float) and math.isfinite(value) else f"{key} {value}")
-    return " | ".join(parts)
+# The metrics a person watches; the full set goes to metrics.jsonl and the trackers.
+CONSOLE_METRICS = {
+    "reward": "reward",
+    "reward_std": "spread",
+    "objective/kl": "KL",
+    "objective/entropy": "entropy",
+    "completions/mean_length": "length",
+    "policy/clipfrac_avg": "clip frac",
+    "lr": "lr",
+    "eps": "episodes/s",
+}
+CONSOLE_MAX_COLUMNS = 9
 
 
-def completions_table(
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    scores: Sequence[float],
-    advantages: Sequence[float],
-    step: int,
-    max_rows: int,
-) -> Table:
-    """A rich table of sample completions, like TRL's query/response/score table."""
-    table = Table(title=f"Sample completions at step {step}", show_lines=True)
-    table.add_column("prompt", overflow="fold", max_width=48)
-    table.add_column("completion", overflow="fold", max_width=48)
-    table.add_column("score", justify="right")
-    table.add_column("advantage", justify="right")
-    for prompt, completion, score, advantage in list(zip(prompts, completions, scores, advantages))[:max_rows]:
-        table.add_row(str(prompt), str(completion), f"{score:.4g}", f"{advantage:+.4g}")
+def console_label(key: str) -> str:
+    """A short column name for an eval metric: eval/rewards/acc/pass@4 -> "acc pass@4"."""
+    short = {"eval/reward": "eval/reward", "eval/reward_std": "spread", "eval/completions/mean_length": "length",
+             "eval/completions/clipped_ratio": "truncated"}
+    if key in short:
+        return short[key]
+    parts = key.split("/")
+    return " ".join(parts[2:]) if key.startswith("eval/rewards/") else parts[-1]
+
+
+def console_columns(metrics: dict[str, float]) -> dict[str, float]:
+    """The short set shown on the console: the key training metrics when present, else (an eval
+    log) reward, spread, length, truncation and pass@k, at most CONSOLE_MAX_COLUMNS."""
+    shown = {label: metrics[key] for key, label in CONSOLE_METRICS.items() if key in metrics}
+    if shown:
+        return shown
+    wanted = [key for key in ("eval/reward", "eval/reward_std", "eval/completions/mean_length",
+                              "eval/completions/clipped_ratio") if key in metrics]
+    wanted += [key for key in metrics if "pass@" in key]
+    wanted = wanted or list(metrics)
+    return {console_label(key): metrics[key] for key in wanted[:CONSOLE_MAX_COLUMNS]}
+
+
+def format_value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) and math.isfinite(value) else str(value)
+
+
+def metrics_table(metrics: dict[str, float], step: int) -> Table:
+    """One row of the key metrics at `step`, as a rich table."""
+    table = Table(title=None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    columns = {"step": step, **console_columns(metrics)}
+    for name in columns:
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_row(*(format_value(value) for value in columns.values()))
     return table
 
 
-def print_table(table: Table) -> None:
-    Console(width=120).print(table)
+def render(renderable: Any, width: int = 120) -> str:
+    """A rich renderable as plain text, for tqdm.write: printed above the progress bar, never through it."""
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, force_terminal=False, color_system=None).print(renderable)
+    return buffer.getvalue().rstrip("\n")
+
+
+def completions_table(rows: Sequence[dict[str, Any]], step: int, max_rows: int) -> Table:
+    """A rich table of sample completions, like TRL's: prompt, completion, every score column, advantage."""
+    table = Table(title=f"Sample completions at step {step}", show_lines=True)
+    columns = [key for key in (rows[0] if rows else {}) if key != "step"]
+    for key in columns:
+        text = key in ("prompt", "completion")
+        table.add_column(key, overflow="fold", max_width=48 if text else max(len(key), 9),
+                         justify="left" if text else "right")
+    for row in list(rows)[:max_rows]:
+        table.add_row(*(format_value(row[key]) if key != "advantage" else f"{row[key]:+.4g}" for key in columns))
+    return table
+
+
+def completion_rows(prompts: Sequence[Any], completions: Sequence[str], reward_names: Sequence[str],
+                    reward_columns: torch.Tensor, scores: Sequence[float], advantages: Sequence[float],
+                    step: int, max_rows: int) -> list[dict[str, Any]]:
+    """The first max_rows completions as rows: step, prompt, completion, each reward function's
+    value (None where it did not apply), the shaped score and the advantage."""
+    rows = []
+    for index in range(min(max_rows, len(completions))):
+        per_function = {name: (None if math.isnan(v) else v) for name, v in zip(reward_names, reward_columns[index].tolist())}
+        rows.append({"step": step, "prompt": prompts[index], "completion": completions[index], **per_function,
+                     "score": float(scores[index]), "advantage": float(advantages[index])})
+    return rows
 
 
 def write_completions(path: str | Path, rows: list[dict[str, Any]]) -> None:
     """Append sample completions to a JSONL file next to the metrics."""
     with Path(path).open("a") as handle:
         for row in rows:
-            handle.write(json.dumps(row) + "\n")
+            handle.write(json.dumps(row, default=str) + "\n")
 
 
 # ------------------------------------------------------------------ names
@@ -150,30 +206,45 @@ def step_metrics(totals: dict[str, float], denominator: float, with_kl_loss: boo
 
 
 class MetricsLogger:
-    """Sends logged metrics to the console, metrics.jsonl and accelerate's trackers (main process
-    only, trackers through accelerate), and sample completions to a table and completions.jsonl."""
+    """Sends logged metrics to the console (a short table), metrics.jsonl and accelerate's trackers,
+    and sample completions to the console, completions.jsonl and the trackers' tables. Only the main
+    process writes; accelerate's trackers are themselves main-process only."""
 
-    def __init__(self, accelerator: Accelerator, output_dir: str | Path, report_to: str) -> None:
+    def __init__(self, accelerator: Accelerator, output_dir: str | Path, report_to: str | Sequence[str],
+                 console: bool = True) -> None:
         self.accelerator = accelerator
         self.output_dir = Path(output_dir)
-        self.use_trackers = report_to != "none"
+        self.trackers = resolve_report_to(report_to)
+        self.use_trackers = bool(self.trackers)
+        self.console = console
         self.sinks: list[MetricsSink] = [JsonlSink(self.output_dir / "metrics.jsonl")] if accelerator.is_main_process else []
+
+    def start(self, config: dict[str, Any], run_name: str | None) -> None:
+        """Open the trackers: project WANDB_PROJECT (default "rloo"), the run named `run_name`."""
+        if self.use_trackers:
+            self.accelerator.init_trackers(project_name(), config=tracker_config(config),
+                                           init_kwargs=init_kwargs(self.trackers, run_name))
 
     def log(self, metrics: dict[str, float], step: int) -> dict[str, float]:
         if self.accelerator.is_main_process:
-            tqdm.write(format_metrics(metrics, step))
+            if self.console:
+                tqdm.write(render(metrics_table(metrics, step)))
             for sink in self.sinks:
                 sink.log(metrics, step)
         if self.use_trackers:
             self.accelerator.log(metrics, step=step)
         return metrics
 
-    def log_completions(self, prompts: Sequence[Any], completions: Sequence[str], scores: Sequence[float],
-                        advantages: Sequence[float], step: int, max_rows: int) -> None:
-        if not self.accelerator.is_main_process:
+    def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Rows from `completion_rows`: printed, appended to completions.jsonl, and logged as the
+        "completions" table to the trackers that take tables (text to TensorBoard)."""
+        if not self.accelerator.is_main_process or not rows:
             return
-        print_table(completions_table(prompts, completions, scores, advantages, step, max_rows))
-        write_completions(self.output_dir / "completions.jsonl", [
-            {"step": step, "prompt": p, "completion": c, "score": s, "advantage": a}
-            for p, c, s, a in list(zip(prompts, completions, scores, advantages))[:max_rows]
-        ])
+        if self.console:
+            tqdm.write(render(completions_table(rows, step, len(rows))))
+        write_completions(self.output_dir / "completions.jsonl", rows)
+        columns = list(rows[0])
+        table = [[row[key] if isinstance(row[key], (int, float, type(None))) else str(row[key]) for key in columns]
+                 for row in rows]
+        for tracker in self.accelerator.trackers if self.use_trackers else []:
+            log_table(tracker, "completions", columns, table, step)

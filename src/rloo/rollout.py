@@ -165,12 +165,13 @@ class RolloutCollector:
         )
         return rollout, Samples(prompts=repeated_prompts, completions=completions)
 
-    def sample(self, prompts: list) -> SampledBatch:
-        """K completions of each prompt, cut after the first stop string (which then counts as an end)."""
+    def sample(self, prompts: list, num_generations: int | None = None) -> SampledBatch:
+        """K completions of each prompt (num_generations for eval), cut after the first stop string
+        (which then counts as an end)."""
         args, acc = self.args, self.accelerator
         with acc.autocast():
             prompt_ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs)
-            sampled = self.sampler.sample(acc.unwrap_model(self.model), prompt_ids, args.num_generations)
+            sampled = self.sampler.sample(acc.unwrap_model(self.model), prompt_ids, num_generations or args.num_generations)
         if args.stop_strings:
             sampled.completion_ids, sampled.completion_mask, sampled.has_eos = cut_at_stop_strings(
                 sampled.completion_ids, sampled.completion_mask, sampled.has_eos,

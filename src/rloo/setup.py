@@ -14,6 +14,7 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
 
 from .config import RLOOConfig
+from .trackers import resolve_report_to
 from .data.schedule import PromptSchedule
 from .generation import FastSampler, GenerateSampler, Sampler
 
@@ -21,7 +22,7 @@ from .generation import FastSampler, GenerateSampler, Sampler
 def build_accelerator(args: RLOOConfig) -> Accelerator:
     return Accelerator(
         mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
-        log_with=None if args.report_to == "none" else args.report_to,
+        log_with=resolve_report_to(args.report_to) or None,
         project_dir=args.output_dir,
         # Our schedule counts global optimizer steps; by default accelerate would step it once
         # per process per step and decay the learning rate num_processes times too fast.

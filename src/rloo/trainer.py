@@ -23,17 +23,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from . import checkpoint, setup
+from . import checkpoint, evaluation, setup
 from .config import RLOOConfig
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
 from .data.schedule import PromptSchedule, select_rows
 from .generation.base import Sampler
-from .metrics import MetricsLogger, MetricsWindow, rollout_metrics
+from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics
 from .rewards.scoring import TRAINER_ARGUMENTS, build_reward_functions
 from .rollout import Rollout, RolloutCollector, Samples
 from .update import Learner, mini_batches
@@ -125,6 +124,7 @@ class RLOOTrainer:
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step = 0
         self.episode = 0
+        self._evaluated_at, self._last_eval = -1, {}
 
     # ------------------------------------------------------------------ the loop
 
@@ -136,8 +136,7 @@ class RLOOTrainer:
             state = checkpoint.load_checkpoint(acc, resume_from_checkpoint, args)
             self.global_step, self.episode = state["global_step"], state["episode"]
             start_rollout = state["rollout_index"] + 1
-        if args.report_to != "none":
-            acc.init_trackers(args.run_name or Path(args.output_dir).name, config=args.to_dict())
+        self.logger.start(args.to_dict(), args.run_name)
         self.model.train()
         window = MetricsWindow()
         last_metrics: dict[str, float] = {}
@@ -169,7 +168,7 @@ class RLOOTrainer:
                                              samples, rollout)
                     window_start, window_episodes = time.perf_counter(), 0
                 if self.eval_dataset is not None and args.eval_steps > 0 and self.global_step % args.eval_steps == 0:
-                    self.logger.log(self.evaluate(), self.global_step)
+                    self._log_eval()
                 if args.save_steps > 0 and self.global_step % args.save_steps == 0:
                     checkpoint.save_checkpoint(acc, self.model, self.tokenizer, args, self.global_step,
                                                rollout_index, self.episode)
@@ -180,7 +179,7 @@ class RLOOTrainer:
 
         progress.close()
         if self.eval_dataset is not None:
-            last_metrics.update(self.logger.log(self.evaluate(), self.global_step))
+            last_metrics.update(self._log_eval())
         self.save_model(args.output_dir)
         acc.end_training()
         return last_metrics
@@ -199,27 +198,27 @@ class RLOOTrainer:
         }
         self.logger.log(metrics, self.global_step)
         if self.args.log_completions:
-            self.logger.log_completions(samples.prompts, samples.completions, rollout.scores.tolist(),
-                                        rollout.advantages.tolist(), self.global_step,
-                                        self.args.num_completions_to_print)
+            rows = completion_rows(samples.prompts, samples.completions, [fn.name for fn in self.reward_functions],
+                                   rollout.reward_columns, rollout.scores.tolist(), rollout.advantages.tolist(),
+                                   self.global_step, self.args.num_completions_to_print)
+            self.logger.log_completions(rows, self.global_step)
         return metrics
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean score of K sampled completions of every eval prompt (whole groups, like training)."""
+        """Eval metrics of num_generations_eval sampled completions of every eval prompt (`evaluation`)."""
         if self.eval_dataset is None:
             raise ValueError("evaluate() needs an eval_dataset.")
-        acc, per_step = self.accelerator, self.args.prompts_per_step
-        totals = torch.zeros(2, device=acc.device)  # sum of scores, count
-        indices = list(range(acc.process_index, len(self.eval_dataset), acc.num_processes))
-        was_training = self.model.training
-        for start in range(0, len(indices), per_step):
-            rollout, _ = self.collect(select_rows(self.eval_dataset, indices[start : start + per_step]))
-            totals += torch.stack([rollout.raw_scores.sum(),
-                                   torch.tensor(float(rollout.raw_scores.numel()), device=acc.device)])
-        self.model.train(was_training)
-        totals = acc.reduce(totals, reduction="sum")
-        return {"eval/reward": (totals[0] / totals[1].clamp(min=1)).item()}
+        return evaluation.evaluate(self.collector, self.eval_dataset, [fn.name for fn in self.reward_functions],
+                                   self.args.num_generations_eval or self.args.num_generations,
+                                   self.args.prompts_per_step,
+                                   {"global_step": self.global_step, "episode": self.episode})
+
+    def _log_eval(self) -> dict[str, float]:
+        """Evaluate and log once per step: the last step's eval is not repeated after the loop."""
+        if self._evaluated_at != self.global_step:
+            self._evaluated_at = self.global_step
+            self._last_eval = self.logger.log(self.evaluate(), self.global_step)
+        return self._last_eval
 
     def save_model(self, output_dir: str | None = None) -> None:
         """Save the policy (or its adapters under LoRA) and the tokenizer with save_pretrained."""

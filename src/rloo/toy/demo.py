@@ -48,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     options = parser.parse_args(argv)
     if not 1 <= options.num_eval <= ADDITION_NUM_EVAL:
         parser.error(f"--num_eval must be between 1 and {ADDITION_NUM_EVAL}: more would include problems the warm start trained on.")
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # OMP_NUM_THREADS, when set, is the user's choice (a shared machine); else every core.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, os.cpu_count() or 1))
     start = time.perf_counter()
 
     # 1-2. Tiny model, warm-started to partial accuracy (cached).
@@ -90,6 +91,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     print(f"\nheld-out greedy accuracy: {before:.3f} -> {after:.3f} "
           f"({options.num_eval} problems, {trainer.episode} episodes, {elapsed:.0f} s)")
     print(f"run written to {Path(options.output_dir).resolve()} (metrics.jsonl, completions.jsonl, model)")
+    try:  # the page of plots needs matplotlib, an optional extra
+        from ..report import build_report
+
+        print(f"report: {build_report(options.output_dir).resolve()}")
+    except ImportError as error:
+        print(f"no report: {error}")
     return result
 
 

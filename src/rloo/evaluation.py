@@ -1,0 +1,121 @@
+"""Eval: sample `num_generations_eval` completions of every eval prompt and score them.
+
+Metrics (prefix `eval/`, TRL's names where TRL has one): `reward`, `reward_std` (within a prompt's
+group), `rewards/{name}/mean` and `/std`, `completions/mean_length`, `/min_length`, `/max_length`,
+`completions/clipped_ratio` (truncated: no EOS or stop), and for rewards that are all 0 or 1 (correct
+or not) `pass@k` for k in 1, 2, 4, ... up to n = num_generations_eval, from the unbiased estimator
+of Chen et al. (2021): pass@k = 1 - C(n - c, k) / C(n, k) for c correct of n samples, averaged
+over prompts. `pass@k` is the weighted reward's; `rewards/{name}/pass@k` each binary function's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from accelerate.utils import gather_object
+
+from .data.prompts import as_completions
+from .data.schedule import select_rows
+from .rewards.scoring import reward_arguments, score_completions
+
+
+def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
+    """Unbiased pass@k per problem: the chance that k of the n samples, drawn without replacement,
+    hold at least one correct one: 1 - C(n - c, k) / C(n, k).
+
+    num_correct: (P,) correct samples of each problem, 0 <= c <= n. Returns (P,) float64.
+    """
+    if not 1 <= k <= num_samples:
+        raise ValueError(f"pass@k needs 1 <= k <= n; got k={k}, n={num_samples}.")
+    c = num_correct.to(torch.float64)
+    n = torch.full_like(c, float(num_samples))
+    # log C(n - c, k) - log C(n, k) through lgamma; C(n - c, k) = 0 (certain pass) when n - c < k.
+    def log_choose(a: torch.Tensor, b: float) -> torch.Tensor:
+        return torch.lgamma(a + 1) - torch.lgamma(torch.full_like(a, b + 1)) - torch.lgamma(a - b + 1)
+
+    fail = torch.exp(log_choose((n - c).clamp(min=k), k) - log_choose(n, k))
+    return torch.where(n - c < k, torch.ones_like(c), 1.0 - fail)
+
+
+def pass_at_k_values(n: int) -> list[int]:
+    """The k reported for n samples: 1, 2, 4, ... below n, and n."""
+    ks, k = [], 1
+    while k < n:
+        ks.append(k)
+        k *= 2
+    return ks + [n]
+
+
+def is_binary(values: torch.Tensor) -> bool:
+    """All scored values (NaN: not scored) are 0 or 1, and some are scored."""
+    scored = values[~values.isnan()]
+    return scored.numel() > 0 and bool(((scored == 0) | (scored == 1)).all())
+
+
+def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequence[str], lengths: torch.Tensor,
+                 truncated: torch.Tensor, prefix: str = "eval/") -> dict[str, float]:
+    """Eval metrics of P prompts with n samples each.
+
+    scores: (P, n) weighted reward; per_function: (P, n, F) each function's value, NaN where it did not
+    apply; lengths: (P, n) completion tokens; truncated: (P, n) bool, no EOS or stop.
+    """
+    n = scores.shape[1]
+    metrics = {
+        "reward": scores.mean().item(),
+        "reward_std": (scores.std(dim=1) if n > 1 else torch.zeros(scores.shape[0])).mean().item(),
+        "completions/mean_length": lengths.float().mean().item(),
+        "completions/min_length": lengths.float().min().item(),
+        "completions/max_length": lengths.float().max().item(),
+        "completions/clipped_ratio": truncated.float().mean().item(),
+    }
+    columns: list[tuple[str, torch.Tensor]] = [("", scores)]
+    for index, name in enumerate(names):
+        column = per_function[..., index]  # (P, n)
+        scored = column[~column.isnan()]
+        if scored.numel() == 0:
+            continue
+        metrics[f"rewards/{name}/mean"] = scored.mean().item()
+        metrics[f"rewards/{name}/std"] = scored.std(unbiased=False).item()
+        columns.append((f"rewards/{name}/", column))
+    for label, column in columns:
+        if not is_binary(column):
+            continue
+        correct = (column == 1).sum(dim=1)  # (P,) NaN (not scored) counts as not correct
+        for k in pass_at_k_values(n):
+            metrics[f"{label}pass@{k}"] = pass_at_k(n, correct, k).mean().item()
+    return {prefix + key: value for key, value in metrics.items()}
+
+
+@torch.no_grad()
+def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_generations: int,
+             prompts_per_batch: int, trainer_state: dict[str, Any], prefix: str = "eval/") -> dict[str, float]:
+    """Sample `num_generations` completions of every prompt of `dataset` (split over processes),
+    score them with the collector's reward functions and return `eval_metrics` on every process."""
+    acc, tokenizer = collector.accelerator, collector.tokenizer
+    indices = list(range(acc.process_index, len(dataset), acc.num_processes))
+    parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": []}
+    was_training = collector.model.training
+    collector.model.eval()
+    for start in range(0, len(indices), prompts_per_batch):
+        rows = select_rows(dataset, indices[start : start + prompts_per_batch])
+        prompts = [row["prompt"] for row in rows]
+        sampled = collector.sample(prompts, num_generations)
+        completion_ids = [ids[m.bool()].tolist() for ids, m in zip(sampled.completion_ids, sampled.completion_mask)]
+        completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        repeated = [p for p in prompts for _ in range(num_generations)]
+        arguments = reward_arguments(rows, repeated, as_completions(repeated, completions), completion_ids,
+                                     num_generations, trainer_state)
+        scored = score_completions(collector.reward_functions, collector.reward_weights, arguments,
+                                   len(completions), step=trainer_state.get("global_step", 0))
+        shape = (len(prompts), num_generations)
+        parts["scores"].append(scored.scores.float().cpu().view(shape))
+        parts["per_function"].append(scored.per_function.float().cpu().view(*shape, -1))
+        parts["lengths"].append(sampled.completion_mask.sum(dim=1).cpu().view(shape))
+        parts["truncated"].append((~sampled.has_eos).cpu().view(shape))
+    collector.model.train(was_training)
+    local = {key: torch.cat(values) for key, values in parts.items() if values}
+    gathered = [part for part in gather_object([local]) if part]  # one dict per process
+    merged = {key: torch.cat([part[key] for part in gathered]) for key in parts}
+    return eval_metrics(merged["scores"], merged["per_function"], reward_names, merged["lengths"],
+                        merged["truncated"], prefix)

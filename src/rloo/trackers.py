@@ -1,0 +1,117 @@
+"""Experiment trackers, all through accelerate: which ones a run uses, how they name it, and how
+the completions table reaches each.
+
+`report_to` is "none", "all" (every tracker accelerate supports that is installed), one name, or a
+list of names. The project is `WANDB_PROJECT` (default "rloo") for every tracker; `run_name` names
+the run where the tracker has runs (W&B, trackio, MLflow, ClearML, SwanLab, Aim). TensorBoard
+writes under `output_dir/<project>`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from typing import Any, Sequence
+
+# Every tracker accelerate 1.x supports, with the module that must be importable for it.
+TRACKER_MODULES = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "trackio": "trackio",
+    "mlflow": "mlflow",
+    "comet_ml": "comet_ml",
+    "aim": "aim",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "swanlab": "swanlab",
+}
+DEFAULT_PROJECT = "rloo"
+
+
+def is_installed(tracker: str) -> bool:
+    module = TRACKER_MODULES[tracker]
+    if tracker == "tensorboard":  # accelerate writes through torch.utils.tensorboard or tensorboardX
+        return importlib.util.find_spec("tensorboard") is not None or importlib.util.find_spec("tensorboardX") is not None
+    return importlib.util.find_spec(module) is not None
+
+
+def check_report_to(report_to: Any) -> None:
+    """Raise ValueError naming `report_to` when it is not "none", "all", a known name or a list of them."""
+    names = [report_to] if isinstance(report_to, str) else report_to
+    if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
+        raise ValueError(f"report_to must be a string or a list of strings, got {report_to!r}.")
+    unknown = [name for name in names if name not in ("none", "all", *TRACKER_MODULES)]
+    if unknown:
+        raise ValueError(f"report_to names unknown trackers {unknown}; use 'none', 'all' or some of "
+                         f"{sorted(TRACKER_MODULES)}.")
+    if len(names) > 1 and "none" in names:
+        raise ValueError(f"report_to={report_to!r} mixes 'none' with trackers; give 'none' alone.")
+
+
+def resolve_report_to(report_to: str | Sequence[str] | None) -> list[str]:
+    """The trackers a run logs to: [] for "none"; every installed one for "all"; the named ones,
+    each of which must be installed (a missing one raises, naming the package to install)."""
+    if report_to is None:
+        return []
+    check_report_to(report_to)
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    if names == ["none"] or not names:
+        return []
+    if "all" in names:
+        return [name for name in TRACKER_MODULES if is_installed(name)]
+    missing = [name for name in names if not is_installed(name)]
+    if missing:
+        raise ValueError(f"report_to={report_to!r} asks for {missing}, which is not installed: "
+                         f"pip install {' '.join(TRACKER_MODULES[m] for m in missing)}, or drop it from report_to.")
+    return list(dict.fromkeys(names))  # in order, once each
+
+
+def project_name() -> str:
+    return os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+
+
+def init_kwargs(trackers: Sequence[str], run_name: str | None) -> dict[str, dict[str, Any]]:
+    """accelerate's `init_trackers(init_kwargs=)`: the run's name in each tracker's own keyword."""
+    if not run_name:
+        return {}
+    keyword = {"wandb": "name", "trackio": "name", "mlflow": "run_name", "clearml": "task_name",
+               "swanlab": "experiment_name"}
+    return {name: {keyword[name]: run_name} for name in trackers if name in keyword}
+
+
+def tracker_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's config with values every tracker accepts (TensorBoard's hparams take only scalars)."""
+    return {key: value if value is None or isinstance(value, (bool, int, float, str)) else json.dumps(value, default=str)
+            for key, value in config.items()}
+
+
+# ------------------------------------------------------------------ the completions table
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (TensorBoard renders text summaries as Markdown); pipes and newlines escaped."""
+    def cell(value: Any) -> str:
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def log_table(tracker: Any, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+    """Log a table to one accelerate tracker: a table where the tracker has tables (W&B, trackio),
+    Markdown text for TensorBoard; other trackers get none (their metrics still arrive)."""
+    kind = getattr(tracker, "name", "")
+    if kind == "wandb":
+        import wandb
+
+        tracker.tracker.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
+    elif kind == "trackio":
+        import trackio
+
+        tracker.tracker.log({name: trackio.Table(columns=columns, data=rows)}, step=step)
+    elif kind == "tensorboard":
+        tracker.tracker.add_text(name, markdown_table(columns, rows), global_step=step)
+        tracker.tracker.flush()

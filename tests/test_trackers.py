@@ -1,0 +1,137 @@
+"""Trackers through accelerate: report_to, naming, and the metrics and completions table read back
+from TensorBoard event files, an offline W&B run and a local trackio project."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rloo import ConfigError, RLOOConfig
+from rloo.trackers import TRACKER_MODULES, init_kwargs, markdown_table, resolve_report_to, tracker_config
+
+from conftest import digit_fraction
+
+RUN = Path(__file__).with_name("tracker_run.py")
+
+
+def test_report_to_none_all_one_and_list():
+    assert resolve_report_to("none") == []
+    assert resolve_report_to(None) == []
+    importable = {name for name in TRACKER_MODULES if importlib.util.find_spec(TRACKER_MODULES[name])}
+    assert set(resolve_report_to("all")) == importable  # tensorboardX would also count; it is not installed here
+    if importlib.util.find_spec("tensorboard"):
+        assert resolve_report_to("tensorboard") == ["tensorboard"]
+        assert resolve_report_to(["tensorboard", "tensorboard"]) == ["tensorboard"]
+
+
+def test_a_tracker_that_is_not_installed_is_named_with_the_package_to_install():
+    missing = next((name for name in TRACKER_MODULES if not importlib.util.find_spec(TRACKER_MODULES[name])), None)
+    if missing is None:
+        pytest.skip("every tracker accelerate supports is installed here")
+    with pytest.raises(ValueError, match=f"pip install {TRACKER_MODULES[missing]}"):
+        resolve_report_to(["tensorboard", missing])
+
+
+@pytest.mark.parametrize("report_to", ["neptune", ["tensorboard", "nope"], ["none", "wandb"], 3])
+def test_config_refuses_unknown_report_to_naming_the_field(report_to):
+    with pytest.raises(ConfigError, match="report_to"):
+        RLOOConfig(report_to=report_to)
+
+
+def test_config_takes_every_tracker_accelerate_supports_and_lists():
+    for name in TRACKER_MODULES:
+        assert RLOOConfig(report_to=name).report_to == name  # installed or not: checked when training starts
+    assert RLOOConfig(report_to=["wandb", "trackio"]).report_to == ["wandb", "trackio"]
+    assert RLOOConfig(report_to="all").report_to == "all"
+
+
+def test_run_name_goes_to_each_trackers_own_keyword():
+    kwargs = init_kwargs(["wandb", "trackio", "mlflow", "tensorboard", "swanlab"], "exp-1")
+    assert kwargs == {"wandb": {"name": "exp-1"}, "trackio": {"name": "exp-1"}, "mlflow": {"run_name": "exp-1"},
+                      "swanlab": {"experiment_name": "exp-1"}}
+    assert init_kwargs(["wandb"], None) == {}
+
+
+def test_tracker_config_keeps_scalars_and_serialises_the_rest():
+    assert tracker_config({"a": 1, "b": None, "c": [1, 2], "d": {"x": 1}, "e": "s"}) == {
+        "a": 1, "b": None, "c": "[1, 2]", "d": '{"x": 1}', "e": "s"}
+
+
+def test_markdown_table_escapes_pipes_and_newlines():
+    text = markdown_table(["prompt", "score"], [["a|b\nc", 0.5]])
+    assert text.splitlines() == ["| prompt | score |", "|---|---|", "| a\\|b<br>c | 0.5 |"]
+
+
+def test_tensorboard_receives_metrics_and_the_completions_text(tmp_path, make_model, tokenizer, digit_dataset,
+                                                               monkeypatch):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rloo import RLOOTrainer
+
+    monkeypatch.setenv("WANDB_PROJECT", "proj")
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), report_to=["tensorboard"], per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=6, max_steps=2, logging_steps=1, save_steps=0,
+                      log_completions=True, num_completions_to_print=3)
+    RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer).train()
+    event_dirs = {p.parent for p in (tmp_path / "run" / "proj").rglob("events.out.tfevents.*")}
+    assert event_dirs, "TensorBoard writes under output_dir/$WANDB_PROJECT"
+    scalars, texts = set(), {}
+    for directory in event_dirs:
+        events = EventAccumulator(str(directory), size_guidance={"tensors": 0}).Reload()
+        scalars |= set(events.Tags()["scalars"])
+        for tag in events.Tags()["tensors"]:
+            texts[tag] = [e.tensor_proto.string_val[0].decode() for e in events.Tensors(tag)]
+    assert {"reward", "objective/kl", "loss/policy_avg", "rewards/digit_fraction/mean"} <= scalars
+    table = texts["completions/text_summary"]
+    assert len(table) == 2  # one per logging step
+    header = table[0].splitlines()[0]
+    assert header == "| step | prompt | completion | digit_fraction | score | advantage |"
+    assert len(table[0].splitlines()) == 2 + 3  # header, rule, num_completions_to_print rows
+
+
+def _run(tmp_path, env, *trackers):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1", **env}
+    result = subprocess.run([sys.executable, str(RUN), str(tmp_path / "run"), "my-run", *trackers],
+                            env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_wandb_offline_receives_metrics_table_project_and_name(tmp_path):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install wandb)")
+    _run(tmp_path, {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_PROJECT": "my-proj",
+                    "WANDB_SILENT": "true"}, "wandb")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    files = runs[0] / "files"
+    tables = sorted((files / "media" / "table").glob("completions_*.table.json"))
+    assert len(tables) == 2  # one per logging step
+    table = json.loads(tables[0].read_text())
+    assert table["columns"] == ["step", "prompt", "completion", "digit_fraction", "score", "advantage"]
+    assert len(table["data"]) == 3
+    # This wandb has no public reader for the offline record (its protobuf stream); the names must be in it.
+    record = next(runs[0].glob("run-*.wandb")).read_bytes()
+    for name in (b"my-proj", b"my-run", b"objective/kl", b"loss/policy_avg", b"rewards/digit_fraction/mean"):
+        assert name in record, name
+
+
+def test_trackio_local_receives_metrics_and_table(tmp_path):
+    pytest.importorskip("trackio", reason="trackio is not installed (pip install trackio)")
+    trackio_dir = tmp_path / "trackio"
+    _run(tmp_path, {"TRACKIO_DIR": str(trackio_dir), "WANDB_PROJECT": "my-proj"}, "trackio")
+    script = ("import json; from trackio.sqlite_storage import SQLiteStorage as S; "
+              "print(json.dumps({'runs': S.get_runs('my-proj'), 'logs': S.get_logs('my-proj', 'my-run')}, default=str))")
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TRACKIO_DIR": str(trackio_dir)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["runs"] == ["my-run"]
+    keys = set().union(*(log.keys() for log in found["logs"]))
+    assert {"reward", "objective/kl", "completions"} <= keys
+    table = next(log["completions"] for log in found["logs"] if "completions" in log)
+    assert "digit_fraction" in json.dumps(table) and "advantage" in json.dumps(table)
