@@ -136,9 +136,11 @@ def test_verdicts_are_decided_from_plain_values():
     plan = plan_test("x = f(2)\nassert x == 4 and len(g()) >= 1")
     assert [kind for kind, _, _ in plan.steps] == ["exec", "eval", "eval"]
     assert "4" not in "".join(source for kind, _, source in plan.steps if kind == "eval")  # expected value stays here
-    assert judge(plan, {1: 4, 2: [0]}, {0})
-    assert not judge(plan, {1: 5, 2: [0]}, {0}) and not judge(plan, {1: 4}, {0}) and not judge(plan, {1: 4, 2: []}, {0})
-    assert not judge(plan, {1: 4, 2: [0]}, set())  # the setup step did not complete
+    assert judge(plan, {1: 4, 2: 1}, {0})
+    assert not judge(plan, {1: 5, 2: 1}, {0}) and not judge(plan, {1: 4}, {0}) and not judge(plan, {1: 4, 2: 0}, {0})
+    assert not judge(plan, {1: 4, 2: 1}, set())  # the setup step did not complete
+    assert not judge(plan, {1: 4, 2: "1"}, {0})  # a str where an int is expected: TypeError, fails
+    assert [source for _, _, source in plan_test("assert len(f(x)) > 0 and f(x) - 4 == 0").steps] == ["len(f(x))", "f(x)"]
     assert not judge(plan_test("assert False"), {}, set()) and not judge(plan_test("syntax error("), {}, set())
 
 

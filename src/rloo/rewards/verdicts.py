@@ -70,7 +70,14 @@ def _tree(node: ast.expr, plan: TestPlan) -> Any:
                 [_COMPARE[type(op)] for op in node.ops])
     if isinstance(node, ast.BoolOp):
         return ("and" if isinstance(node.op, ast.And) else "or", [_tree(v, plan) for v in node.values])
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub, ast.UAdd)):
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return ("Not", _tree(node.operand, plan))
+    # Arithmetic and pure built-ins stay here only when a literal is involved (`f(x) - 4`,
+    # `round(f(x), 2)`), so the child never sees it; without one (`len(f(x))`) the whole
+    # expression goes to the child, which then sends back a small value instead of a big one.
+    if not _has_literal(node):
+        return _child(node, plan)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return (type(node.op).__name__, _tree(node.operand, plan))
     if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
         return ("bin", _ARITHMETIC[type(node.op)], _tree(node.left, plan), _tree(node.right, plan))
@@ -79,6 +86,31 @@ def _tree(node: ast.expr, plan: TestPlan) -> Any:
                               and ast.unparse(node.func) == "math.isclose") else name
     if name in _PURE_BUILTINS and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args):
         return ("call", _PURE_BUILTINS[name], [_tree(a, plan) for a in node.args])
+    return _child(node, plan)
+
+
+def _has_literal(node: ast.expr) -> bool:
+    """Whether an arithmetic or pure-built-in expression has a literal operand (at any depth of such operands)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operands = [node.operand]
+    elif isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        operands = [node.left, node.right]
+    elif isinstance(node, ast.Call) and ast.unparse(node.func) in (*_PURE_BUILTINS, "math.isclose"):
+        operands = list(node.args)
+    else:
+        return False
+    return any(_is_literal(operand) or _has_literal(operand) for operand in operands)
+
+
+def _is_literal(node: ast.expr) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _child(node: ast.expr, plan: TestPlan) -> Any:
     step = len(plan.steps)
     plan.steps.append(("eval", step, ast.unparse(node)))
     return ("child", step)
