@@ -131,3 +131,32 @@ def apply_landlock(abi, read_roots, workdir):
         raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     os.close(ruleset)
 '''
+
+# Runs in the child, inside the namespaces, before Landlock and before any untrusted code: every
+# mount becomes read-only except the child's own directory (bound onto itself first). This is
+# what confines writes where Landlock is missing; locked flags (nosuid, nodev, atime) are kept.
+READONLY_MOUNTS_SOURCE = r'''
+def readonly_mounts(workdir):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    bind, rec, remount, rdonly = 4096, 16384, 32, 1
+    keep = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
+            "relatime": 1 << 21, "strictatime": 1 << 24}
+    if libc.mount(workdir.encode(), workdir.encode(), None, bind | rec, None) != 0:
+        raise OSError(ctypes.get_errno(), "bind-mounting the working directory")
+    os.chdir(workdir)  # onto the new mount: the old working directory stays on the soon read-only one
+    failed = []
+    with open("/proc/self/mountinfo") as table:
+        rows = [line.split() for line in table]
+    for fields in rows:
+        point = fields[4].encode().decode("unicode_escape")
+        if point == workdir or point.startswith(workdir + "/"):
+            continue
+        flags = remount | bind | rdonly
+        for option in fields[5].split(","):
+            flags |= keep.get(option, 0)
+        if libc.mount(None, point.encode(), None, flags, None) != 0:
+            failed.append(point)
+    if failed:
+        raise OSError(f"could not make these mounts read-only: {failed}")
+'''

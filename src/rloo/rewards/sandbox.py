@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 _MAX_VALUE_CHARS = 1_000_000  # a value's repr longer than this fails rather than flooding the trainer
 
 # The child's trusted prologue: limits and Landlock are in place before any untrusted code runs.
-_BOOTSTRAP = isolation.LANDLOCK_SOURCE + r'''
+_BOOTSTRAP = isolation.LANDLOCK_SOURCE + isolation.READONLY_MOUNTS_SOURCE + r'''
 import json, os, resource, signal, sys
 
 
@@ -48,6 +48,8 @@ def main():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails instead of killing
         for name, value in payload["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
+        if payload["readonly_mounts"]:
+            readonly_mounts(os.getcwd())
         if payload["landlock_abi"]:
             apply_landlock(payload["landlock_abi"], payload["read_roots"], os.getcwd())
     except BaseException as error:
@@ -154,6 +156,7 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
         payload = json.dumps({
             "code": code, "tests": [plan.steps for plan in plans], "rlimits": rlimits,
             "landlock_abi": isolation.landlock_abi() if layers["landlock"] else 0,
+            "readonly_mounts": layers["namespaces"],
             "read_roots": isolation.readable_roots(workdir), "max_value_chars": _MAX_VALUE_CHARS})
         channel_path, errors_path = os.path.join(private, "channel"), os.path.join(private, "stderr")
         with open(channel_path, "wb") as channel, open(errors_path, "wb") as errors:
