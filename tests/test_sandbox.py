@@ -5,6 +5,8 @@ Every probe is bounded (no unbounded loops or forks) and connects only to 127.0.
 
 import os
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -82,16 +84,7 @@ def test_a_setsid_grandchild_dies_with_the_run():
             f"        os.execv('/bin/sleep', ['sleep', '{token}'])\n    os._exit(0)\n" + HONEST)
     assert score(code).passed == 2
 
-    def survivors():
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                found += [pid] if token.encode() in open(f"/proc/{pid}/cmdline", "rb").read() else []
-            except OSError:
-                pass
-        return found
-
-    left = survivors()
+    left = _processes_with(token)
     for pid in left:  # clean up before failing
         os.kill(int(pid), 9)
     assert not left
@@ -153,3 +146,40 @@ def test_it_refuses_without_isolation_unless_allowed(monkeypatch):
     assert run_tests(HONEST, TESTS, allow_unisolated=True).passed == 2
     monkeypatch.setenv(isolation.ALLOW_UNISOLATED_ENV, "1")
     assert code_execution([HONEST], tests=[TESTS]) == [1.0]
+
+
+def _processes_with(token: str) -> list[int]:
+    """Pids whose command line holds `token`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            found += [int(pid)] if token.encode() in open(f"/proc/{pid}/cmdline", "rb").read() else []
+        except OSError:
+            pass
+    return found
+
+
+def _wait_for(condition, attempts=300):
+    """Polls `condition` up to `attempts` times, 0.1 s apart; a bounded loop, not a timing assertion."""
+    for _ in range(attempts):
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@needs_isolation
+def test_the_child_dies_with_the_trainer():
+    token = "28.7731"
+    trainer = subprocess.Popen([sys.executable, "-c", (
+        "from rloo.rewards.sandbox import run_tests\n"
+        f"run_tests(\"import os\\nos.execv('/bin/sleep', ['sleep', '{token}'])\", ['assert True'], timeout_s=60)")])
+    try:
+        assert _wait_for(lambda: _processes_with(token)), "the sandboxed child never started"
+    finally:
+        trainer.kill()  # SIGKILL: no cleanup code of the trainer runs
+        trainer.wait()
+    died = _wait_for(lambda: not _processes_with(token), attempts=100)
+    for pid in _processes_with(token):
+        os.kill(pid, 9)
+    assert died
