@@ -170,16 +170,17 @@ def _wait_for(condition, attempts=300):
 
 @needs_isolation
 def test_the_child_dies_with_the_trainer():
-    token = "28.7731"
+    token = "287.731"  # seconds: longer than the wait below, so only a kill ends it in time
     trainer = subprocess.Popen([sys.executable, "-c", (
         "from rloo.rewards.sandbox import run_tests\n"
-        f"run_tests(\"import os\\nos.execv('/bin/sleep', ['sleep', '{token}'])\", ['assert True'], timeout_s=60)")])
+        f"run_tests(\"import os\\nos.execv('/bin/sleep', ['sleep', '{token[:3]}' + '{token[3:]}'])\", ['assert True'], "
+        "timeout_s=60)")])  # the token split, so that only the sleeping child's command line holds it
     try:
-        assert _wait_for(lambda: _processes_with(token)), "the sandboxed child never started"
+        assert _wait_for(lambda: _processes_with(token), attempts=1800), "the sandboxed child never started"
     finally:
         trainer.kill()  # SIGKILL: no cleanup code of the trainer runs
         trainer.wait()
-    died = _wait_for(lambda: not _processes_with(token), attempts=100)
+    died = _wait_for(lambda: not _processes_with(token), attempts=600)
     for pid in _processes_with(token):
         os.kill(pid, 9)
     assert died
