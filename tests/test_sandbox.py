@@ -77,7 +77,7 @@ def test_killing_the_parent_or_another_process_fails():
         victim.wait()
 
 
-@needs_isolation
+@pytest.mark.skipif(not LAYERS["namespaces"], reason="only the pid namespace catches a setsid grandchild (docs/rewards.md)")
 def test_a_setsid_grandchild_dies_with_the_run():
     token = "29.4817"  # a sleep length nothing else uses, to find the grandchild by its command line
     code = ("import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
