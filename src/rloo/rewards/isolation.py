@@ -85,7 +85,8 @@ def launcher(layers: dict[str, bool]) -> list[str]:
 
 def die_with_parent() -> None:
     """preexec_fn: the child gets SIGKILL when the thread that started it dies (the trainer included)."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if sys.platform.startswith("linux"):  # prctl is Linux-only; elsewhere only the timeout kill applies
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def readable_roots(workdir: str) -> list[str]:
