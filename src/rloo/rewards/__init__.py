@@ -5,7 +5,8 @@
 - `scoring`: wrapping user functions, calling them with the arguments they name, checking what
   they return (`score_completions`), and the per-function metrics.
 - `reward_model`: a sequence-classification model as a reward function.
-- `sandbox`: running untrusted code against tests in a separate, limited process.
+- `sandbox`: running untrusted code against tests in an isolated, limited process (`isolation`),
+  with the verdicts decided in the trainer (`verdicts`).
 """
 
 from .builtins import (

@@ -150,15 +150,18 @@ def _as_test_list(tests: Any) -> list[str]:
 
 
 def code_execution(completions: list, tests: list, timeout_s: float = 5.0, memory_mb: int = 512,
-                   **kwargs) -> list[float]:
+                   allow_unisolated: bool = False, **kwargs) -> list[float]:
     """The fraction of the row's `tests` that the completion's code passes, run in a sandboxed process.
 
     The code is the completion's ```python blocks (or the whole completion); `tests` is a list
     of snippets such as `assert add(2, 3) == 5`, or a string with one per line. Each completion
-    runs in its own process (see `rloo.sandbox` for what is enforced and what is not) with a
-    wall-clock timeout, a memory limit, no sockets and no writes outside a temporary directory.
-    A completion that hangs, exhausts memory, or breaks those rules fails the affected tests and
-    training goes on. Rows without tests get None (not scored).
+    runs in its own isolated process (namespaces and/or Landlock; see `rloo.rewards.sandbox` and
+    docs/rewards.md for what is enforced and what is not) with a wall-clock timeout, memory, file
+    size and process limits, no network and no writes outside a temporary directory; the trainer,
+    not the child, decides each assertion, so the reward is at most 1.0. A completion that hangs,
+    exhausts memory, or breaks those rules fails the affected tests and training goes on. Rows
+    without tests get None (not scored). Where the machine can isolate nothing, it raises
+    `SandboxUnavailable` unless `allow_unisolated=True` (or RLOO_SANDBOX_ALLOW_UNISOLATED=1).
 
     Example:
         >>> code_execution(["```python\\ndef add(a, b):\\n    return a + b\\n```"],
@@ -169,7 +172,8 @@ def code_execution(completions: list, tests: list, timeout_s: float = 5.0, memor
         snippets = _as_test_list(row_tests) if row_tests is not None else []
         if not snippets:
             return None
-        return run_tests(extract_code(completion_text(completion)), snippets, timeout_s, memory_mb).fraction
+        return run_tests(extract_code(completion_text(completion)), snippets, timeout_s, memory_mb,
+                         allow_unisolated=allow_unisolated).fraction
 
     # Each run waits on its own process, so threads overlap them.
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:

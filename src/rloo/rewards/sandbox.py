@@ -1,105 +1,90 @@
-"""A best-effort sandbox for running model-written Python against tests. NOT a security boundary.
+"""Running model-written Python against tests, with the verdicts decided outside the child.
 
-`run_tests(code, tests)` runs `code` and then each test (e.g. an `assert` statement) in a fresh
-Python process and returns how many tests passed. What is enforced, and how:
+`run_tests(code, tests)` starts one child process per call. The child runs `code`, then the
+parts of each test that need it (see `verdicts.py`: for `assert add(2, 3) == 5` only `add(2, 3)`
+goes to the child, never the `5`), and writes their values as data; the trainer parses them as
+plain literals and decides every assertion itself. reward = passed / total, at most 1.0.
 
-* wall-clock time: the parent kills the child's whole process group after `timeout_s`;
-  tests that finished before count, the rest fail;
-* memory: `RLIMIT_AS` (address space) is set in the child before user code runs, so a large
-  allocation raises MemoryError; CPU time is capped too (`RLIMIT_CPU`) as a backstop;
-* network: an audit hook in the child refuses socket creation, connect, bind and DNS lookups;
-* file system: the child runs in a throwaway temporary directory (its cwd, also $HOME and
-  $TMPDIR), and the audit hook refuses opening files for writing, and removing, renaming or
-  creating files and directories, outside it;
-* processes: the audit hook refuses fork, exec, subprocess and os.system, so the limits above
-  cannot be escaped by starting another program.
-
-Limits, honestly: audit hooks watch Python-level operations only. Code that reaches native code
-(ctypes, a C extension that opens sockets or files itself) gets past them. Reading files is
-allowed. Run untrusted code from strangers in a container or VM with no network; this sandbox
-is meant to keep a policy's accidental infinite loops, huge allocations and stray writes from
-disturbing training.
+The child is isolated by the operating system where it allows (see `isolation.py`): user,
+network, mount and pid namespaces through `unshare`, and Landlock (reads only from system and
+Python directories, writes only in its own temporary directory, no TCP, no signals out). It
+starts with a minimal environment (not the trainer's), in its own session and process group,
+with rlimits on address space, CPU time, file size, open files and process count, and dies with
+the thread that started it (PR_SET_PDEATHSIG). The whole group is killed at the timeout and at
+the end of every run. Where neither namespaces nor Landlock work, `run_tests` refuses to run
+(`SandboxUnavailable`) unless `allow_unisolated=True` or RLOO_SANDBOX_ALLOW_UNISOLATED=1.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
+import logging
 import os
-import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 
-# The child's first code: limits and the audit hook are in place before any user code runs.
-_BOOTSTRAP = r'''
-import json, os, resource, sys
+from . import isolation
+from .isolation import SandboxUnavailable
+from .verdicts import judge, plan_test
+
+__all__ = ["SandboxResult", "SandboxUnavailable", "run_tests"]
+logger = logging.getLogger(__name__)
+_MAX_VALUE_CHARS = 1_000_000  # a value's repr longer than this fails rather than flooding the trainer
+
+# The child's trusted prologue: limits and Landlock are in place before any untrusted code runs.
+_BOOTSTRAP = isolation.LANDLOCK_SOURCE + isolation.READONLY_MOUNTS_SOURCE + r'''
+import json, os, resource, signal, sys
 
 
 def main():
     payload = json.loads(sys.stdin.read())
-    # Results go to a private copy of stdout, tagged with a nonce; the program's own output is
-    # discarded, so printing "PASS" does not pass a test.
-    nonce, report_fd = payload["nonce"], os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
+    channel = os.dup(1)
+    try:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails instead of killing
+        for name, value in payload["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+        if payload["readonly_mounts"]:
+            readonly_mounts(os.getcwd())
+        if payload["landlock_abi"]:
+            apply_landlock(payload["landlock_abi"], payload["read_roots"], os.getcwd())
+    except BaseException as error:
+        sys.stderr.write(f"SANDBOX_SETUP_FAILED {type(error).__name__}: {error}\n")
+        os._exit(3)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
 
-    def report(line):
-        os.write(report_fd, f"{nonce} {line}\n".encode())
-
-    limit = payload["memory_bytes"]
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    resource.setrlimit(resource.RLIMIT_CPU, (payload["cpu_seconds"], payload["cpu_seconds"]))
-    sys.addaudithook(make_audit_hook(os.path.realpath(os.getcwd())))
+    def send(**record):
+        os.write(channel, (json.dumps(record) + "\n").encode())
 
     namespace = {"__name__": "__main__"}
     try:
         exec(compile(payload["code"], "<completion>", "exec"), namespace)
     except BaseException as error:
-        report(f"CODE_FAILED {type(error).__name__}")
+        send(k="code_error", e=type(error).__name__)
         os._exit(0)
-    for index, test in enumerate(payload["tests"]):
-        try:
-            exec(compile(test, f"<test {index}>", "exec"), namespace)
-        except BaseException as error:
-            report(f"FAIL {index} {type(error).__name__}")
-        else:
-            report(f"PASS {index}")
+    send(k="code")
+    for test, steps in enumerate(payload["tests"]):
+        for kind, step, source in steps:
+            try:
+                if kind == "exec":
+                    exec(compile(source, f"<test {test}>", "exec"), namespace)
+                    send(k="done", t=test, s=step)
+                else:
+                    text = repr(eval(compile(source, f"<test {test}>", "eval"), namespace))
+                    if len(text) > payload["max_value_chars"]:
+                        raise ValueError("value too long")
+                    send(k="val", t=test, s=step, r=text)
+            except BaseException as error:
+                send(k="err", t=test, s=step, e=type(error).__name__)
+                if kind == "exec":
+                    break
     os._exit(0)
-
-
-BLOCKED = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname",
-           "socket.sendto", "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-           "subprocess.Popen", "pty.spawn"}
-PATH_EVENTS = {"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.symlink",
-               "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"}
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-
-
-def make_audit_hook(root):
-    def inside(path):
-        if isinstance(path, int):  # an already open file descriptor
-            return True
-        full = os.path.realpath(os.path.join(root, os.fsdecode(path)))
-        return full == root or full.startswith(root + os.sep)
-
-    def audit(event, args):
-        if event in BLOCKED:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "open":
-            path, mode, flags = args
-            writing = any(c in str(mode) for c in "wax+") if mode is not None else bool(flags & WRITE_FLAGS)
-            if writing and path is not None and not inside(path):
-                raise PermissionError(f"sandbox: writing {path!r} outside the working directory is not allowed")
-        elif event in PATH_EVENTS:
-            for path in args[:2]:
-                if isinstance(path, (str, bytes, os.PathLike)) and not inside(path):
-                    raise PermissionError(f"sandbox: {event} on {path!r} outside the working directory")
-
-    return audit
 
 
 main()
@@ -108,43 +93,92 @@ main()
 
 @dataclass
 class SandboxResult:
-    passed: int  # tests that ran to the end without an exception
+    passed: int  # tests whose assertions held, as judged by the trainer
     total: int
     timed_out: bool
-    output: str  # the child's report lines (its own output is discarded)
+    output: str  # the child's records and setup errors, for debugging (its own prints are discarded)
 
     @property
     def fraction(self) -> float:
-        return self.passed / self.total if self.total else 0.0
+        return min(1.0, self.passed / self.total) if self.total else 0.0
 
 
-def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: int = 512) -> SandboxResult:
-    """Run `code`, then each test in the same namespace, in a separate, limited Python process.
+def _read_records(text: str, n_tests: int) -> tuple[bool, list[dict], list[set], set[int]]:
+    """The child's records: did the code run, values and completed steps per test, tests answered twice."""
+    ran, values, completed = False, [{} for _ in range(n_tests)], [set() for _ in range(n_tests)]
+    seen, forged = set(), set()
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+            kind, test, step = record.get("k"), record.get("t"), record.get("s")
+        except (ValueError, AttributeError):
+            continue
+        ran = ran or kind == "code"
+        if kind not in ("val", "done", "err") or type(test) is not int or not 0 <= test < n_tests:
+            continue
+        if (test, step) in seen:
+            forged.add(test)  # one answer per step: a second one means the code wrote its own
+        seen.add((test, step))
+        if kind == "done":
+            completed[test].add(step)
+        elif kind == "val":
+            with contextlib.suppress(Exception):  # not plain data (an object whose == is always true): no value
+                values[test][step] = ast.literal_eval(str(record.get("r")))
+    return ran, values, completed, forged
+
+
+def _child_env(workdir: str) -> dict[str, str]:
+    """A minimal environment: nothing of the trainer's (tokens, paths, credentials) reaches the child."""
+    return {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: int = 512, *,
+              file_size_mb: int = 16, max_processes: int = 16, allow_unisolated: bool = False) -> SandboxResult:
+    """Run `code`, then the tests, in an isolated child; the trainer judges each test from the values it sends.
 
     Args:
         code: the program (e.g. a function definition) to test.
-        tests: Python snippets, typically `assert f(2) == 4`; each passes if it raises nothing.
-        timeout_s: wall-clock limit for the whole run; the child is killed when it is reached.
+        tests: Python snippets, typically `assert f(2) == 4`; see `verdicts.py` for how they are judged.
+        timeout_s: wall-clock limit for the whole run; the child's process group is killed when it is reached.
         memory_mb: address-space limit of the child.
+        file_size_mb: largest file the child may write (also caps what it can send back).
+        max_processes: RLIMIT_NPROC of the child (not enforced when the trainer runs as root; the pid
+            namespace still kills them all at the end).
+        allow_unisolated: run even where neither namespaces nor Landlock work (see `isolation.py`).
     """
-    nonce = secrets.token_hex(16)
-    payload = json.dumps({"code": code, "tests": list(tests), "nonce": nonce, "memory_bytes": memory_mb * 2**20,
-                          "cpu_seconds": max(1, int(timeout_s) + 1)})
-    with tempfile.TemporaryDirectory(prefix="rloo-sandbox-") as workdir:
-        env = {"HOME": workdir, "TMPDIR": workdir, "PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1",
-               "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        process = subprocess.Popen(
-            [sys.executable, "-I", "-c", _BOOTSTRAP],  # -I: ignore PYTHON* variables and the user site
-            cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,  # its own process group, killed as a whole
-        )
-        timed_out = False
-        try:
-            output, _ = process.communicate(payload, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
-                os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-    passed = len({line.split()[2] for line in output.splitlines() if line.startswith(f"{nonce} PASS ")})
-    return SandboxResult(passed=passed, total=len(tests), timed_out=timed_out, output=output)
+    layers = isolation.check_isolation(allow_unisolated)
+    plans = [plan_test(test) for test in tests]
+    rlimits = {"RLIMIT_AS": memory_mb * 2**20, "RLIMIT_CPU": max(1, int(timeout_s) + 1), "RLIMIT_CORE": 0,
+               "RLIMIT_FSIZE": file_size_mb * 2**20, "RLIMIT_NOFILE": 256, "RLIMIT_NPROC": max_processes}
+    with tempfile.TemporaryDirectory(prefix="rloo-sandbox-") as private, \
+            tempfile.TemporaryDirectory(prefix="rloo-sandbox-work-") as workdir:
+        payload = json.dumps({
+            "code": code, "tests": [plan.steps for plan in plans], "rlimits": rlimits,
+            "landlock_abi": isolation.landlock_abi() if layers["landlock"] else 0,
+            "readonly_mounts": layers["namespaces"],
+            "read_roots": isolation.readable_roots(workdir), "max_value_chars": _MAX_VALUE_CHARS})
+        channel_path, errors_path = os.path.join(private, "channel"), os.path.join(private, "stderr")
+        with open(channel_path, "wb") as channel, open(errors_path, "wb") as errors:
+            process = subprocess.Popen(
+                [*isolation.launcher(layers), sys.executable, "-I", "-c", _BOOTSTRAP], cwd=workdir,
+                env=_child_env(workdir), stdin=subprocess.PIPE, stdout=channel, stderr=errors, text=True,
+                start_new_session=True, preexec_fn=isolation.die_with_parent)
+            timed_out = False
+            try:
+                process.communicate(payload, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)  # on timeout and on exit: nothing stays behind
+                process.wait()
+        with open(channel_path, "rb") as channel:
+            text = channel.read(file_size_mb * 2**20).decode("utf-8", "replace")
+        with open(errors_path, "rb") as errors:
+            setup_errors = errors.read(65536).decode("utf-8", "replace")
+    if "SANDBOX_SETUP_FAILED" in setup_errors:
+        logger.warning("the code sandbox could not set up its child: %s", setup_errors.strip())
+    ran, values, completed, forged = _read_records(text, len(plans))
+    passed = sum(ran and i not in forged and judge(plan, values[i], completed[i]) for i, plan in enumerate(plans))
+    return SandboxResult(passed=passed, total=len(tests), timed_out=timed_out, output=setup_errors + text)
