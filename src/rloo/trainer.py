@@ -28,7 +28,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from . import checkpoint, setup
+from . import checkpoint, setup, trainer_api
 from .config import RLOOConfig
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
 from .data.schedule import PromptSchedule, select_rows
@@ -60,6 +60,9 @@ class RLOOTrainer:
             `reward_funcs` (None for plain functions); loaded from each reward model when None.
         sampler: how completions are generated (`generation.base.Sampler`); by default the one
             `args.sampler` names, stopping at the tokenizer's EOS and `args.stop_token_ids`.
+        callbacks, optimizers, quantization_config: as in TRL (see `trainer_api`): transformers
+            TrainerCallbacks, an (optimizer, scheduler) pair replacing the built ones (either may be None),
+            and a quantization config passed to from_pretrained when the model is given by name.
     """
 
     def __init__(
@@ -74,6 +77,9 @@ class RLOOTrainer:
         reward_model: Callable | Sequence[Callable] | None = None,
         reward_processing_classes: Any = None,
         sampler: Sampler | None = None,
+        callbacks: Sequence[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        quantization_config: Any = None,
     ) -> None:
         if reward_funcs is not None and reward_model is not None:
             raise ValueError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
@@ -88,23 +94,31 @@ class RLOOTrainer:
         self.args = args = args if args is not None else RLOOConfig()
         self.accelerator = acc = setup.build_accelerator(args)
         set_seed(args.seed)
-        self.tokenizer = setup.load_tokenizer(processing_class, model)
+        self.tokenizer = setup.load_tokenizer(processing_class, model, trust_remote_code=args.trust_remote_code)
+        # An IterableDataset is read once, up to the rows max_steps needs.
+        train_dataset = trainer_api.take_rows(train_dataset, "train_dataset", None if args.max_steps < 0 else
+                                              -(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
+                                              * acc.num_processes)
+        eval_sets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]
         # Prompts are checked before any weights are loaded or sizes derived.
-        for dataset, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+        for dataset, name in ((train_dataset, "train_dataset"),
+                              *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
             if dataset is not None:
                 check_prompt_dataset(dataset, name)
                 check_prompt_lengths(dataset, name, self.tokenizer, args.max_prompt_length, args.truncate_prompts,
                                      args.chat_template_kwargs)
 
-        policy = setup.load_policy(model, peft_config, args)
+        policy = setup.load_policy(model, peft_config, args, quantization_config)
+        self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
         reference = setup.build_reference(policy, args)
         self.schedule = PromptSchedule(num_rows=len(train_dataset), prompts_per_process=args.prompts_per_rollout,
                                        num_processes=acc.num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
         self.num_rollouts, self.total_steps = setup.run_length(args, self.schedule, acc.num_processes)
-        optimizer = setup.build_optimizer(policy, args)
+        optimizer, scheduler = optimizers  # TRL's optimizers=(optimizer, scheduler); None builds ours
+        optimizer = optimizer if optimizer is not None else setup.build_optimizer(policy, args)
         # A model fresh from another training loop may still hold gradients; the first backward would add to them.
         optimizer.zero_grad(set_to_none=True)
-        scheduler = setup.build_scheduler(optimizer, args, self.total_steps)
+        scheduler = scheduler if scheduler is not None else setup.build_scheduler(optimizer, args, self.total_steps)
         self.model, self.optimizer, self.lr_scheduler = acc.prepare(policy, optimizer, scheduler)
         self.reference = None if reference is None else acc.prepare_model(reference, evaluation_mode=True)
 
@@ -125,11 +139,20 @@ class RLOOTrainer:
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step = 0
         self.episode = 0
+        # transformers TrainerCallbacks and TrainerState (log_history); also a metrics sink.
+        self.callback_handler = trainer_api.Callbacks(callbacks, args, self.total_steps, acc.is_main_process)
+        self.callback_handler.models = {"model": self.model, "processing_class": self.tokenizer,
+                                        "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler}
+        self.logger.sinks.append(self.callback_handler)
+        self.state = self.callback_handler.state
+        self.hub_model_id = args.hub_model_id or Path(args.output_dir).name
+        self.callback_handler.event("on_init_end")
 
     # ------------------------------------------------------------------ the loop
 
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run the training loop; returns the last logged metrics."""
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> trainer_api.TrainOutput:
+        """Run the training loop; returns TrainOutput(global_step, training_loss, metrics), which also
+        reads like the dict of the last logged metrics."""
         args, acc = self.args, self.accelerator
         start_rollout = 0
         if resume_from_checkpoint:
@@ -144,6 +167,8 @@ class RLOOTrainer:
         progress = tqdm(total=self.total_steps, initial=self.global_step, desc="RLOO",
                         disable=not acc.is_main_process, dynamic_ncols=True)
         window_start, window_episodes = time.perf_counter(), 0
+        self.callback_handler.advance(self.global_step, self.epoch)
+        control = self.callback_handler.event("on_train_begin")
 
         for rollout_index in range(start_rollout, self.num_rollouts):
             rows = select_rows(self.train_dataset, self.schedule.rows(rollout_index, acc.process_index))
@@ -158,11 +183,13 @@ class RLOOTrainer:
                 step_stats = self.learner.step(mini_batch)
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
+                self.callback_handler.advance(self.global_step, self.epoch)
+                control = self.callback_handler.event("on_step_end")
                 window.add({**rollout_stats, **step_stats})
                 progress.update(1)
                 progress.set_postfix(reward=f"{rollout_stats['reward']:.3f}")
 
-                is_last = self.global_step >= self.total_steps
+                is_last = self.global_step >= self.total_steps or control.should_training_stop
                 if self.global_step % args.logging_steps == 0 or is_last:  # step 6
                     elapsed = time.perf_counter() - window_start
                     last_metrics = self._log(window.mean_and_reset(), window_episodes / max(elapsed, 1e-9),
@@ -173,17 +200,25 @@ class RLOOTrainer:
                 if args.save_steps > 0 and self.global_step % args.save_steps == 0:
                     checkpoint.save_checkpoint(acc, self.model, self.tokenizer, args, self.global_step,
                                                rollout_index, self.episode)
+                    self.callback_handler.event("on_save")
                 if is_last:
                     break
-            if self.global_step >= self.total_steps:
+            if self.global_step >= self.total_steps or control.should_training_stop:
                 break
 
         progress.close()
         if self.eval_dataset is not None:
             last_metrics.update(self.logger.log(self.evaluate(), self.global_step))
         self.save_model(args.output_dir)
+        self.callback_handler.event("on_train_end")
         acc.end_training()
-        return last_metrics
+        losses = [log["loss/policy_avg"] for log in self.state.log_history if "loss/policy_avg" in log]
+        return trainer_api.TrainOutput(self.global_step, sum(losses) / max(len(losses), 1), last_metrics)
+
+    @property
+    def epoch(self) -> float:
+        """Passes over the training prompts so far (fractional), as TrainerState.epoch counts them."""
+        return self.episode / (self.args.num_generations * max(len(self.train_dataset), 1))
 
     def collect(self, rows: list[dict[str, Any]]) -> tuple[Rollout, Samples]:
         """Steps 1-4 on one process's dataset rows: a scored, baselined rollout and its text."""
@@ -204,23 +239,52 @@ class RLOOTrainer:
                                         self.args.num_completions_to_print)
         return metrics
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Mean score of K sampled completions of every eval prompt (whole groups, like training)."""
-        if self.eval_dataset is None:
+    def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Mean score of K sampled completions of every eval prompt (whole groups, like training).
+        A dict of datasets is evaluated one by one, prefixed "<prefix>_<name>/" as in transformers."""
+        eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if eval_dataset is None:
             raise ValueError("evaluate() needs an eval_dataset.")
+        if isinstance(eval_dataset, dict):
+            metrics = {}
+            for name, dataset in eval_dataset.items():
+                metrics.update(self._evaluate(dataset, f"{metric_key_prefix}_{name}"))
+        else:
+            metrics = self._evaluate(eval_dataset, metric_key_prefix)
+        self.callback_handler.event("on_evaluate", metrics=metrics)
+        return metrics
+
+    @torch.no_grad()
+    def _evaluate(self, eval_dataset: Any, prefix: str) -> dict[str, float]:
         acc, per_step = self.accelerator, self.args.prompts_per_step
         totals = torch.zeros(2, device=acc.device)  # sum of scores, count
-        indices = list(range(acc.process_index, len(self.eval_dataset), acc.num_processes))
+        indices = list(range(acc.process_index, len(eval_dataset), acc.num_processes))
         was_training = self.model.training
         for start in range(0, len(indices), per_step):
-            rollout, _ = self.collect(select_rows(self.eval_dataset, indices[start : start + per_step]))
+            rollout, _ = self.collect(select_rows(eval_dataset, indices[start : start + per_step]))
             totals += torch.stack([rollout.raw_scores.sum(),
                                    torch.tensor(float(rollout.raw_scores.numel()), device=acc.device)])
         self.model.train(was_training)
         totals = acc.reduce(totals, reduction="sum")
-        return {"eval/reward": (totals[0] / totals[1].clamp(min=1)).item()}
+        return {f"{prefix}/reward": (totals[0] / totals[1].clamp(min=1)).item()}
 
     def save_model(self, output_dir: str | None = None) -> None:
         """Save the policy (or its adapters under LoRA) and the tokenizer with save_pretrained."""
         checkpoint.save_model(self.accelerator, self.model, self.tokenizer, self.args, output_dir or self.args.output_dir)
+        if self.accelerator.is_main_process:  # the model card travels with the weights
+            self.create_model_card(output_dir=output_dir)
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
+                          tags: Sequence[str] | None = None, output_dir: str | None = None) -> Path:
+        """Write README.md (Hub metadata, training settings, citation) next to the saved model."""
+        return trainer_api.write_model_card(output_dir or self.args.output_dir, self.args, model_name or self.model_name,
+                                            dataset_name, tags or ())
+
+    def push_to_hub(self, commit_message: str = "End of training", dataset_name: str | None = None,
+                    token: str | None = None, revision: str | None = None, **_: Any) -> str:
+        """Save the model and its card, then upload output_dir to `args.hub_model_id` (needs the network;
+        offline it raises with where the files are). Returns the commit URL."""
+        self.save_model(self.args.output_dir)
+        self.create_model_card(dataset_name=dataset_name)
+        return trainer_api.push_to_hub(self.args.output_dir, self.hub_model_id, token or self.args.hub_token,
+                                       self.args.hub_private_repo, revision or self.args.hub_revision, commit_message)

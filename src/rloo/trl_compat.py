@@ -429,3 +429,30 @@ def trl_attribute(config: Any, name: str) -> Any:
         return TRL_FIELDS[name].default
     raise AttributeError(f"'RLOOConfig' object has no attribute '{name}'")
 
+
+
+def model_init_kwargs(args: Any, model_is_loaded: bool) -> dict[str, Any]:
+    """from_pretrained keyword arguments from TRL's `model_init_kwargs` and `trust_remote_code`.
+
+    dtype strings ("bfloat16", "float32", "auto") become what from_pretrained takes; `torch_dtype`
+    is the older name of `dtype`. Kwargs for a model that is already loaded are an error, not ignored.
+    """
+    import torch
+
+    kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
+    if "torch_dtype" in kwargs:
+        kwargs.setdefault("dtype", kwargs.pop("torch_dtype"))
+    dtype = kwargs.get("dtype")
+    if isinstance(dtype, str) and dtype != "auto":
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise TRLFieldError(f"model_init_kwargs dtype={dtype!r} is not a torch dtype; use e.g. 'bfloat16', "
+                                f"'float32' or 'auto'.")
+        kwargs["dtype"] = getattr(torch, dtype)
+    if kwargs.get("dtype") is None:
+        kwargs.pop("dtype", None)
+    if getattr(args, "trust_remote_code", False):
+        kwargs["trust_remote_code"] = True
+    if kwargs and model_is_loaded:
+        raise TRLFieldError(f"model_init_kwargs / trust_remote_code ({sorted(kwargs)}) apply when the model is given "
+                            f"by name, but a loaded model was passed. Load it with these arguments yourself.")
+    return kwargs
