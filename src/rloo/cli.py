@@ -162,12 +162,18 @@ def resolve_reward_func(spec: str, tokenizer: Any = None) -> Callable | str:
       model:path/or/id                     a reward model (AutoModelForSequenceClassification, num_labels=1);
                                            a local directory holding config.json needs no prefix
       package.module:function              a function in an importable module
+      package.module.function              the same, in TRL's dotted form
       path/to/file.py:function             a function in a file
+      accuracy_reward, think_format_reward, reasoning_accuracy_reward, get_soft_overlong_punishment
+                                           TRL's built-in names (rloo.rewards.TRL_REWARDS)
     """
     from .rewards.builtins import BUILTIN_REWARD_FACTORIES, BUILTIN_REWARDS
+    from .rewards.trl_names import TRL_REWARDS
 
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
+    if spec in TRL_REWARDS:
+        return TRL_REWARDS[spec]
     name, _, arguments = spec.partition(":")
     if name in BUILTIN_REWARD_FACTORIES:
         return _build_factory_reward(name, arguments, tokenizer)
@@ -175,10 +181,14 @@ def resolve_reward_func(spec: str, tokenizer: Any = None) -> Callable | str:
         return spec[len(REWARD_MODEL_PREFIX):]
     if (Path(spec) / "config.json").is_file():
         return spec
+    if ":" not in spec and "." in spec and not spec.endswith(".py"):  # TRL's dotted module.function
+        spec = ":".join(spec.rsplit(".", 1))
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # as TRL's script does, for a module next to the run
     if ":" not in spec:
-        raise ConfigError(f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARDS)}), a built-in "
-                          f"factory ({sorted(BUILTIN_REWARD_FACTORIES)}), a reward model (model:path) nor a "
-                          f"`module:function` path.")
+        raise ConfigError(f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARDS)}), a TRL "
+                          f"built-in ({sorted(TRL_REWARDS)}), a built-in factory ({sorted(BUILTIN_REWARD_FACTORIES)}), "
+                          f"a reward model (model:path) nor a `module:function` or `module.function` path.")
     module_name, func_name = spec.rsplit(":", 1)
     if module_name.endswith(".py"):
         module_spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)

@@ -69,15 +69,21 @@ def completions_table(
     advantages: Sequence[float],
     step: int,
     max_rows: int,
+    extra: dict[str, Sequence[Any]] | None = None,
 ) -> Table:
-    """A rich table of sample completions, like TRL's query/response/score table."""
+    """A rich table of sample completions, like TRL's query/response/score table; `extra` holds the
+    columns reward functions added with log_extra."""
+    extra = extra or {}
     table = Table(title=f"Sample completions at step {step}", show_lines=True)
     table.add_column("prompt", overflow="fold", max_width=48)
     table.add_column("completion", overflow="fold", max_width=48)
     table.add_column("score", justify="right")
     table.add_column("advantage", justify="right")
-    for prompt, completion, score, advantage in list(zip(prompts, completions, scores, advantages))[:max_rows]:
-        table.add_row(str(prompt), str(completion), f"{score:.4g}", f"{advantage:+.4g}")
+    for column in extra:
+        table.add_column(column, overflow="fold", max_width=24)
+    for row, (prompt, completion, score, advantage) in enumerate(list(zip(prompts, completions, scores, advantages))[:max_rows]):
+        table.add_row(str(prompt), str(completion), f"{score:.4g}", f"{advantage:+.4g}",
+                      *(str(values[row]) if row < len(values) else "" for values in extra.values()))
     return table
 
 
@@ -169,11 +175,14 @@ class MetricsLogger:
         return metrics
 
     def log_completions(self, prompts: Sequence[Any], completions: Sequence[str], scores: Sequence[float],
-                        advantages: Sequence[float], step: int, max_rows: int) -> None:
+                        advantages: Sequence[float], step: int, max_rows: int,
+                        extra: dict[str, Sequence[Any]] | None = None) -> None:
         if not self.accelerator.is_main_process:
             return
-        print_table(completions_table(prompts, completions, scores, advantages, step, max_rows))
+        extra = extra or {}
+        print_table(completions_table(prompts, completions, scores, advantages, step, max_rows, extra))
         write_completions(self.output_dir / "completions.jsonl", [
-            {"step": step, "prompt": p, "completion": c, "score": s, "advantage": a}
-            for p, c, s, a in list(zip(prompts, completions, scores, advantages))[:max_rows]
+            {"step": step, "prompt": p, "completion": c, "score": s, "advantage": a,
+             **{column: values[row] for column, values in extra.items() if row < len(values)}}
+            for row, (p, c, s, a) in enumerate(list(zip(prompts, completions, scores, advantages))[:max_rows])
         ])

@@ -144,7 +144,7 @@ class RLOOTrainer:
         self.callback_handler.models = {"model": self.model, "processing_class": self.tokenizer,
                                         "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler}
         self.logger.sinks.append(self.callback_handler)
-        self.state = self.callback_handler.state
+        self.state = self.collector.trainer_state = self.callback_handler.state  # reward functions see it too
         self.hub_model_id = args.hub_model_id or Path(args.output_dir).name
         self.callback_handler.event("on_init_end")
 
@@ -167,7 +167,7 @@ class RLOOTrainer:
         progress = tqdm(total=self.total_steps, initial=self.global_step, desc="RLOO",
                         disable=not acc.is_main_process, dynamic_ncols=True)
         window_start, window_episodes = time.perf_counter(), 0
-        self.callback_handler.advance(self.global_step, self.epoch)
+        self.callback_handler.advance(self.global_step, self.epoch, self.episode)
         control = self.callback_handler.event("on_train_begin")
 
         for rollout_index in range(start_rollout, self.num_rollouts):
@@ -183,9 +183,9 @@ class RLOOTrainer:
                 step_stats = self.learner.step(mini_batch)
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
-                self.callback_handler.advance(self.global_step, self.epoch)
+                self.callback_handler.advance(self.global_step, self.epoch, self.episode)
                 control = self.callback_handler.event("on_step_end")
-                window.add({**rollout_stats, **step_stats})
+                window.add({**rollout_stats, **samples.metrics, **step_stats})
                 progress.update(1)
                 progress.set_postfix(reward=f"{rollout_stats['reward']:.3f}")
 
@@ -236,7 +236,7 @@ class RLOOTrainer:
         if self.args.log_completions:
             self.logger.log_completions(samples.prompts, samples.completions, rollout.scores.tolist(),
                                         rollout.advantages.tolist(), self.global_step,
-                                        self.args.num_completions_to_print)
+                                        self.args.num_completions_to_print, samples.extra)
         return metrics
 
     def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:

@@ -16,7 +16,9 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from transformers import TrainerCallback, TrainerControl, TrainerState
+from transformers import TrainerCallback, TrainerControl
+
+from .rewards.trl_names import TrainerStateView
 from transformers.trainer_utils import TrainOutput as _TrainOutput
 
 
@@ -54,7 +56,7 @@ class Callbacks:
             if not isinstance(callback, TrainerCallback) and not any(hasattr(callback, e) for e in EVENTS):
                 raise TypeError(f"callback {callback!r} is not a transformers.TrainerCallback and has none of {EVENTS}.")
         self.args = args
-        self.state = TrainerState(max_steps=max_steps, logging_steps=args.logging_steps,
+        self.state = TrainerStateView(max_steps=max_steps, logging_steps=args.logging_steps,
                                   eval_steps=args.eval_steps, save_steps=args.save_steps,
                                   is_world_process_zero=is_main_process, is_local_process_zero=is_main_process)
         self.control = TrainerControl()
@@ -72,8 +74,8 @@ class Callbacks:
                     self.control = result
         return self.control
 
-    def advance(self, global_step: int, epoch: float) -> None:
-        self.state.global_step, self.state.epoch = global_step, epoch
+    def advance(self, global_step: int, epoch: float, episode: int) -> None:
+        self.state.global_step, self.state.epoch, self.state.episode = global_step, epoch, episode
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         logs = {**metrics, "epoch": self.state.epoch, "step": step}
