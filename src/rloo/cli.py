@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+from . import trl_compat, trl_script
 from .config import ALIASES, ConfigError, RLOOConfig, field_docs
 
 
@@ -112,12 +113,23 @@ def build_train_parser() -> argparse.ArgumentParser:
     for old, new in ALIASES.items():
         aliases.add_argument(f"--{old}", default=argparse.SUPPRESS, type=_field_types(RLOOConfig)[new],
                              help=f"Alias of --{new}.")
+    _add_dataclass_flags(parser, trl_script.TRLScriptArguments, "TRL script flags (trl rloo)")
+    trl_fields = parser.add_argument_group("other TRL RLOOConfig names: mapped, accepted or refused (docs/trl_migration.md)")
+    taken = {f.name for cls in (trl_script.TRLScriptArguments, RLOOConfig) for f in dataclasses.fields(cls)}
+    taken.add("resume_from_checkpoint")
+    for name, answer in trl_compat.TRL_FIELDS.items():
+        if name not in taken:
+            is_bool = isinstance(answer.default, bool)
+            trl_fields.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="BOOL" if is_bool else "YAML",
+                                    type=_parse_bool if is_bool else yaml.safe_load, nargs="?" if is_bool else None,
+                                    const=True if is_bool else None, help=f"{answer.kind}: {answer.why}.")
     return parser
 
 
 def _check_keys(values: dict[str, Any], source: str) -> None:
     known = {f.name for f in dataclasses.fields(RLOOConfig)} | {f.name for f in dataclasses.fields(ScriptArguments)}
-    known |= set(ALIASES) | {"resume_from_checkpoint"}
+    known |= set(ALIASES) | {"resume_from_checkpoint"} | set(trl_compat.TRL_FIELDS)
+    known |= {f.name for f in dataclasses.fields(trl_script.TRLScriptArguments)}
     for key in values:
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
@@ -144,8 +156,12 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ScriptArguments, RLOOConfig, 
     values.update({k: v for k, v in flags.items() if v is not None or k != "resume_from_checkpoint"})
     resume = values.pop("resume_from_checkpoint", None)
     script_names = {f.name for f in dataclasses.fields(ScriptArguments)}
+    trl_names = {f.name for f in dataclasses.fields(trl_script.TRLScriptArguments)}
     script = ScriptArguments(**{k: v for k, v in values.items() if k in script_names})
-    config = RLOOConfig(**{k: v for k, v in values.items() if k not in script_names})
+    script.trl_flags = trl_script.TRLScriptArguments(**{k: v for k, v in values.items() if k in trl_names})
+    config_values = {k: v for k, v in values.items() if k not in script_names | trl_names}
+    script.trainer_kwargs = trl_script.apply(script.trl_flags, script, config_values)  # may add model_init_kwargs
+    config = RLOOConfig(**config_values)
     return script, config, resume
 
 
@@ -243,10 +259,13 @@ def run_train(argv: Sequence[str]) -> None:
         targets = script.lora_target_modules
         peft_config = LoraConfig(r=script.lora_r, lora_alpha=script.lora_alpha, lora_dropout=script.lora_dropout,
                                  target_modules=targets[0] if targets == ["all-linear"] else targets,
-                                 task_type="CAUSAL_LM")
+                                 task_type="CAUSAL_LM", **trl_script.lora_extras(script.trl_flags))
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(script.model_name_or_path)  # also for rewards that read token ids
+    revision = (config.model_init_kwargs or {}).get("revision")
+    tokenizer = AutoTokenizer.from_pretrained(  # also for rewards that read token ids
+        script.model_name_or_path, **({"revision": revision} if revision else {}),
+        **({"trust_remote_code": True} if config.trust_remote_code else {}))
     trainer = RLOOTrainer(
         model=script.model_name_or_path,
         reward_funcs=[resolve_reward_func(spec, tokenizer) for spec in script.reward_funcs],
@@ -255,6 +274,7 @@ def run_train(argv: Sequence[str]) -> None:
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         peft_config=peft_config,
+        **script.trainer_kwargs,
     )
     trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
     print(f"Saved the trained model to {config.output_dir}")
@@ -263,10 +283,17 @@ def run_train(argv: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"train": run_train, "demo": _run_demo}
+    if argv and argv[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(f"rloo {__version__}")
+        return
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: rloo {train,demo} [options]\n\n"
+        print("usage: rloo {train,demo} [options] | rloo --version\n\n"
+              "commands:\n"
               "  train   train a causal LM with RLOO from a YAML config and flags (rloo train --help)\n"
-              "  demo    offline demo: a tiny model learns two-digit addition (rloo demo --help)")
+              "  demo    offline demo: a tiny model learns two-digit addition (rloo demo --help)\n\n"
+              "TRL's `trl rloo` flags work with `rloo train`; docs/trl_migration.md maps each one.")
         raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
     try:
         commands[argv[0]](argv[1:])
