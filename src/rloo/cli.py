@@ -120,8 +120,11 @@ def build_train_parser() -> argparse.ArgumentParser:
     for name, answer in trl_compat.TRL_FIELDS.items():
         if name not in taken:
             is_bool = isinstance(answer.default, bool)
-            trl_fields.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="BOOL" if is_bool else "YAML",
-                                    type=_parse_bool if is_bool else yaml.safe_load, nargs="?" if is_bool else None,
+            # TRL's type where its default shows it (YAML would read --save_strategy no as False).
+            kind = _parse_bool if is_bool else type(answer.default) if isinstance(answer.default, (str, int, float)) \
+                else yaml.safe_load
+            trl_fields.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="BOOL" if is_bool else "VALUE",
+                                    type=kind, nargs="?" if is_bool else None,
                                     const=True if is_bool else None, help=f"{answer.kind}: {answer.why}.")
     return parser
 

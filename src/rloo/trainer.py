@@ -274,6 +274,10 @@ class RLOOTrainer:
         if self.accelerator.is_main_process:  # the model card travels with the weights
             self.create_model_card(output_dir=output_dir)
 
+    def end(self) -> None:
+        """Finish the trackers, as transformers' Trainer.end() (TRL scripts call it); train() already has."""
+        self.accelerator.end_training()
+
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
                           tags: Sequence[str] | None = None, output_dir: str | None = None) -> Path:
         """Write README.md (Hub metadata, training settings, citation) next to the saved model."""

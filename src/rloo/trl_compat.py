@@ -144,6 +144,7 @@ def _report_to(value: Any, given: dict) -> dict:
 
 
 def _eval_strategy(value: Any, given: dict) -> dict:
+    value = "no" if value is False else value  # YAML reads a bare `no` as False
     if value in ("no", "steps"):
         if value == "steps" and not given.get("eval_steps"):
             return {"eval_steps": given.get("logging_steps", 10)}  # TRL: eval_steps defaults to logging_steps
@@ -153,6 +154,7 @@ def _eval_strategy(value: Any, given: dict) -> dict:
 
 
 def _save_strategy(value: Any, given: dict) -> dict:
+    value = "no" if value is False else value  # YAML reads a bare `no` as False
     if value == "steps":
         return {}
     if value == "no":
