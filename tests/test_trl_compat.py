@@ -283,3 +283,13 @@ def test_kept_trl_values_are_readable_and_settable():
     assert config.model_init_kwargs == {"dtype": "bfloat16"}
     with pytest.raises(AttributeError):
         config.not_a_field  # noqa: B018
+
+
+def test_migration_doc_names_every_field():
+    from pathlib import Path
+
+    from rloo.trl_script import TRLScriptArguments
+
+    doc = (Path(__file__).parent.parent / "docs" / "trl_migration.md").read_text()
+    names = set(TRL_1_16_DEFAULTS) | set(TRL_FIELDS) | {f.name for f in dataclasses.fields(TRLScriptArguments)}
+    assert sorted(n for n in names if f"`{n}`" not in doc and f"`--{n}`" not in doc) == []
