@@ -293,3 +293,18 @@ def test_migration_doc_names_every_field():
     doc = (Path(__file__).parent.parent / "docs" / "trl_migration.md").read_text()
     names = set(TRL_1_16_DEFAULTS) | set(TRL_FIELDS) | {f.name for f in dataclasses.fields(TRLScriptArguments)}
     assert sorted(n for n in names if f"`{n}`" not in doc and f"`--{n}`" not in doc) == []
+
+
+def test_cosine_with_min_lr_takes_lr_scheduler_kwargs(tmp_path, make_model, tokenizer, digit_dataset):
+    from conftest import digit_fraction
+
+    from rloo import RLOOTrainer
+
+    with pytest.raises(ConfigError, match="lr_scheduler_kwargs"):
+        RLOOConfig(lr_scheduler_type="cosine_with_min_lr")
+    args = RLOOConfig(output_dir=str(tmp_path), lr_scheduler_type="cosine_with_min_lr", learning_rate=1e-3,
+                      lr_scheduler_kwargs={"min_lr_rate": 0.1}, max_steps=2, per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=2, save_steps=0, logging_steps=1)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.train()
+    assert trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(1e-4)  # the floor at the end of the cosine

@@ -49,6 +49,7 @@ LR_SCHEDULERS = (
     "constant",
     "constant_with_warmup",
     "inverse_sqrt",
+    "cosine_with_min_lr",  # needs lr_scheduler_kwargs={"min_lr": ...} or {"min_lr_rate": ...} (TRL's name)
 )
 OPTIMIZERS = ("adamw_torch", "adamw_8bit")
 REPORT_TO = ("none", "tensorboard", "wandb")

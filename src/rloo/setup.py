@@ -105,7 +105,8 @@ def build_optimizer(model: torch.nn.Module, args: RLOOConfig) -> torch.optim.Opt
 
 def build_scheduler(optimizer: torch.optim.Optimizer, args: RLOOConfig, total_steps: int) -> Any:
     warmup = args.warmup_steps or math.ceil(args.warmup_ratio * total_steps)
-    return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps,
+                         scheduler_specific_kwargs=args.lr_scheduler_kwargs or None)  # TRL's lr_scheduler_kwargs
 
 
 def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -> tuple[int, int]:

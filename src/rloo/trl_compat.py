@@ -203,8 +203,8 @@ TRL_FIELDS: dict[str, Answer] = {
     "optim_args": refused(None, "rloo builds AdamW from the adam_* fields", "adam_beta1/adam_beta2/adam_epsilon, or "
                           "RLOOTrainer(optimizers=(optimizer, scheduler))"),
     "optim_target_modules": refused(None, "GaLore-style optimizers are not built in", "RLOOTrainer(optimizers=(optimizer, scheduler))"),
-    "lr_scheduler_kwargs": refused(None, "rloo's schedulers take no extra arguments yet",
-                                   "a scheduler name in lr_scheduler_type, or RLOOTrainer(optimizers=(optimizer, scheduler))"),
+    "lr_scheduler_kwargs": accepted(None, "passed to transformers' get_scheduler, e.g. {'min_lr_rate': 0.1} for "
+                                    "cosine_with_min_lr", ok=lambda v: isinstance(v, dict)),
     "label_smoothing_factor": refused(0.0, "RL has no labels to smooth", "leave it at 0"),
     "average_tokens_across_devices": accepted(True, "the loss denominators are fixed by loss_agg_mode over the whole "
                                               "optimizer step (update.py)", ok=lambda v: v is True),
@@ -419,6 +419,10 @@ def translate(values: dict[str, Any], own_fields: set[str]) -> tuple[dict[str, A
         else:
             _check_one(name, value)
         kept[name] = value
+    if ours.get("lr_scheduler_type") == "cosine_with_min_lr" and not {"min_lr", "min_lr_rate"} & set(
+            kept.get("lr_scheduler_kwargs") or {}):
+        raise TRLFieldError("lr_scheduler_type='cosine_with_min_lr' needs lr_scheduler_kwargs={'min_lr': ...} or "
+                            "{'min_lr_rate': ...}; give one, or use lr_scheduler_type='cosine'.")
     return ours, kept
 
 
