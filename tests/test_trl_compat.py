@@ -308,3 +308,25 @@ def test_cosine_with_min_lr_takes_lr_scheduler_kwargs(tmp_path, make_model, toke
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     trainer.train()
     assert trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(1e-4)  # the floor at the end of the cosine
+
+
+def test_model_init_kwargs_are_resolved_for_from_pretrained(tmp_path, make_model, tokenizer, digit_dataset):
+    import torch
+    from conftest import digit_fraction
+
+    from rloo import RLOOTrainer
+    from rloo.trl_compat import TRLFieldError, model_init_kwargs
+
+    args = RLOOConfig(model_init_kwargs={"torch_dtype": "bfloat16", "revision": "main"}, trust_remote_code=True)
+    assert model_init_kwargs(args, model_is_loaded=False) == {"dtype": torch.bfloat16, "revision": "main",
+                                                              "trust_remote_code": True}
+    with pytest.raises(TRLFieldError, match="loaded model"):
+        model_init_kwargs(args, model_is_loaded=True)
+    with pytest.raises(TRLFieldError, match="not a torch dtype"):
+        model_init_kwargs(RLOOConfig(model_init_kwargs={"dtype": "bf16"}), model_is_loaded=False)
+    model_dir = tmp_path / "model"
+    make_model().save_pretrained(model_dir)
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), model_init_kwargs={"dtype": "bfloat16"}, max_steps=1,
+                      per_device_train_batch_size=8, num_generations=4, max_completion_length=2, save_steps=0)
+    trainer = RLOOTrainer(str(model_dir), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    assert next(trainer.model.parameters()).dtype == torch.bfloat16
