@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+from . import trl_compat, trl_script
 from .config import ALIASES, ConfigError, RLOOConfig, field_docs
 
 
@@ -114,12 +115,26 @@ def build_train_parser() -> argparse.ArgumentParser:
     for old, new in ALIASES.items():
         aliases.add_argument(f"--{old}", default=argparse.SUPPRESS, type=_field_types(RLOOConfig)[new],
                              help=f"Alias of --{new}.")
+    _add_dataclass_flags(parser, trl_script.TRLScriptArguments, "TRL script flags (trl rloo)")
+    trl_fields = parser.add_argument_group("other TRL RLOOConfig names: mapped, accepted or refused (docs/trl_migration.md)")
+    taken = {f.name for cls in (trl_script.TRLScriptArguments, RLOOConfig) for f in dataclasses.fields(cls)}
+    taken.add("resume_from_checkpoint")
+    for name, answer in trl_compat.TRL_FIELDS.items():
+        if name not in taken:
+            is_bool = isinstance(answer.default, bool)
+            # TRL's type where its default shows it (YAML would read --save_strategy no as False).
+            kind = _parse_bool if is_bool else type(answer.default) if isinstance(answer.default, (str, int, float)) \
+                else yaml.safe_load
+            trl_fields.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="BOOL" if is_bool else "VALUE",
+                                    type=kind, nargs="?" if is_bool else None,
+                                    const=True if is_bool else None, help=f"{answer.kind}: {answer.why}.")
     return parser
 
 
 def _check_keys(values: dict[str, Any], source: str) -> None:
     known = {f.name for f in dataclasses.fields(RLOOConfig)} | {f.name for f in dataclasses.fields(ScriptArguments)}
-    known |= set(ALIASES) | {"resume_from_checkpoint"}
+    known |= set(ALIASES) | {"resume_from_checkpoint"} | set(trl_compat.TRL_FIELDS)
+    known |= {f.name for f in dataclasses.fields(trl_script.TRLScriptArguments)}
     for key in values:
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
@@ -146,8 +161,12 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ScriptArguments, RLOOConfig, 
     values.update({k: v for k, v in flags.items() if v is not None or k != "resume_from_checkpoint"})
     resume = values.pop("resume_from_checkpoint", None)
     script_names = {f.name for f in dataclasses.fields(ScriptArguments)}
+    trl_names = {f.name for f in dataclasses.fields(trl_script.TRLScriptArguments)}
     script = ScriptArguments(**{k: v for k, v in values.items() if k in script_names})
-    config = RLOOConfig(**{k: v for k, v in values.items() if k not in script_names})
+    script.trl_flags = trl_script.TRLScriptArguments(**{k: v for k, v in values.items() if k in trl_names})
+    config_values = {k: v for k, v in values.items() if k not in script_names | trl_names}
+    script.trainer_kwargs = trl_script.apply(script.trl_flags, script, config_values)  # may add model_init_kwargs
+    config = RLOOConfig(**config_values)
     return script, config, resume
 
 
@@ -164,12 +183,18 @@ def resolve_reward_func(spec: str, tokenizer: Any = None) -> Callable | str:
       model:path/or/id                     a reward model (AutoModelForSequenceClassification, num_labels=1);
                                            a local directory holding config.json needs no prefix
       package.module:function              a function in an importable module
+      package.module.function              the same, in TRL's dotted form
       path/to/file.py:function             a function in a file
+      accuracy_reward, think_format_reward, reasoning_accuracy_reward, get_soft_overlong_punishment
+                                           TRL's built-in names (rloo.rewards.TRL_REWARDS)
     """
     from .rewards.builtins import BUILTIN_REWARD_FACTORIES, BUILTIN_REWARDS
+    from .rewards.trl_names import TRL_REWARDS
 
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
+    if spec in TRL_REWARDS:
+        return TRL_REWARDS[spec]
     name, _, arguments = spec.partition(":")
     if name in BUILTIN_REWARD_FACTORIES:
         return _build_factory_reward(name, arguments, tokenizer)
@@ -177,10 +202,14 @@ def resolve_reward_func(spec: str, tokenizer: Any = None) -> Callable | str:
         return spec[len(REWARD_MODEL_PREFIX):]
     if (Path(spec) / "config.json").is_file():
         return spec
+    if ":" not in spec and "." in spec and not spec.endswith(".py"):  # TRL's dotted module.function
+        spec = ":".join(spec.rsplit(".", 1))
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # as TRL's script does, for a module next to the run
     if ":" not in spec:
-        raise ConfigError(f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARDS)}), a built-in "
-                          f"factory ({sorted(BUILTIN_REWARD_FACTORIES)}), a reward model (model:path) nor a "
-                          f"`module:function` path.")
+        raise ConfigError(f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARDS)}), a TRL "
+                          f"built-in ({sorted(TRL_REWARDS)}), a built-in factory ({sorted(BUILTIN_REWARD_FACTORIES)}), "
+                          f"a reward model (model:path) nor a `module:function` or `module.function` path.")
     module_name, func_name = spec.rsplit(":", 1)
     if module_name.endswith(".py"):
         module_spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
@@ -235,10 +264,13 @@ def run_train(argv: Sequence[str]) -> None:
         targets = script.lora_target_modules
         peft_config = LoraConfig(r=script.lora_r, lora_alpha=script.lora_alpha, lora_dropout=script.lora_dropout,
                                  target_modules=targets[0] if targets == ["all-linear"] else targets,
-                                 task_type="CAUSAL_LM")
+                                 task_type="CAUSAL_LM", **trl_script.lora_extras(script.trl_flags))
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(script.model_name_or_path)  # also for rewards that read token ids
+    revision = (config.model_init_kwargs or {}).get("revision")
+    tokenizer = AutoTokenizer.from_pretrained(  # also for rewards that read token ids
+        script.model_name_or_path, **({"revision": revision} if revision else {}),
+        **({"trust_remote_code": True} if config.trust_remote_code else {}))
     trainer = RLOOTrainer(
         model=script.model_name_or_path,
         reward_funcs=[resolve_reward_func(spec, tokenizer) for spec in script.reward_funcs],
@@ -247,6 +279,7 @@ def run_train(argv: Sequence[str]) -> None:
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         peft_config=peft_config,
+        **script.trainer_kwargs,
     )
     trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
     print(f"Saved the trained model to {config.output_dir}")
@@ -257,12 +290,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     from .commands import run_eval, run_report
 
     commands = {"train": run_train, "demo": _run_demo, "eval": run_eval, "report": run_report}
+    if argv and argv[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(f"rloo {__version__}")
+        return
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: rloo {train,eval,report,demo} [options]\n\n"
+        print("usage: rloo {train,eval,report,demo} [options] | rloo --version\n\n"
+              "commands:\n"
               "  train   train a causal LM with RLOO from a YAML config and flags (rloo train --help)\n"
               "  eval    eval metrics (reward, pass@k, lengths) of a saved model or checkpoint (rloo eval --help)\n"
               "  report  write RUN_DIR/report.html: plots, config and sample completions of a run\n"
-              "  demo    offline demo: a tiny model learns two-digit addition (rloo demo --help)")
+              "  demo    offline demo: a tiny model learns two-digit addition (rloo demo --help)\n\n"
+              "TRL's `trl rloo` flags work with `rloo train`; docs/trl_migration.md maps each one.")
         raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
     try:
         commands[argv[0]](argv[1:])

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .trackers import check_report_to
+from . import trl_compat
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ LR_SCHEDULERS = (
     "constant",
     "constant_with_warmup",
     "inverse_sqrt",
+    "cosine_with_min_lr",  # needs lr_scheduler_kwargs={"min_lr": ...} or {"min_lr_rate": ...} (TRL's name)
 )
 OPTIMIZERS = ("adamw_torch", "adamw_8bit")
 TRUNCATE_PROMPTS = ("left", "error")
@@ -278,12 +280,23 @@ class RLOOConfig:
 def _accept_aliases(cls: type) -> type:
     """Let the dataclass take TRL v0 names as keyword aliases of its canonical fields."""
     original_init = cls.__init__
+    own_fields = {f.name for f in dataclasses.fields(cls)}
 
     @functools.wraps(original_init)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **resolve_aliases(kwargs))
+        # TRL's other field names are honoured, mapped or refused by name in trl_compat (docs/trl_migration.md).
+        try:
+            ours, trl_values = trl_compat.translate(resolve_aliases(kwargs), own_fields)
+        except trl_compat.TRLFieldError as error:
+            raise ConfigError(str(error)) from None
+        self._trl_values = trl_values  # readable as config.<name>, e.g. push_to_hub, model_init_kwargs
+        original_init(self, *args, **ours)
+
+    def __getattr__(self: Any, name: str) -> Any:  # only called for names that are not set
+        return trl_compat.trl_attribute(self, name)
 
     cls.__init__ = __init__
+    cls.__getattr__ = __getattr__
     for old, new in ALIASES.items():
         setattr(cls, old, property(lambda self, new=new: getattr(self, new), doc=f"Alias of `{new}`."))
     return cls

@@ -87,6 +87,11 @@ def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequen
     return {prefix + key: value for key, value in metrics.items()}
 
 
+def _global_step(trainer_state: Any) -> int:
+    """The step of a TrainerState, or of the plain dict older callers pass."""
+    return trainer_state.global_step if hasattr(trainer_state, "global_step") else trainer_state.get("global_step", 0)
+
+
 @torch.no_grad()
 def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_generations: int,
              prompts_per_batch: int, trainer_state: dict[str, Any], prefix: str = "eval/") -> dict[str, float]:
@@ -107,7 +112,7 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
         arguments = reward_arguments(rows, repeated, as_completions(repeated, completions), completion_ids,
                                      num_generations, trainer_state)
         scored = score_completions(collector.reward_functions, collector.reward_weights, arguments,
-                                   len(completions), step=trainer_state.get("global_step", 0))
+                                   len(completions), step=_global_step(trainer_state))
         shape = (len(prompts), num_generations)
         parts["scores"].append(scored.scores.float().cpu().view(shape))
         parts["per_function"].append(scored.per_function.float().cpu().view(*shape, -1))

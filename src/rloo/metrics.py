@@ -130,14 +130,16 @@ def completions_table(rows: Sequence[dict[str, Any]], step: int, max_rows: int) 
 
 def completion_rows(prompts: Sequence[Any], completions: Sequence[str], reward_names: Sequence[str],
                     reward_columns: torch.Tensor, scores: Sequence[float], advantages: Sequence[float],
-                    step: int, max_rows: int) -> list[dict[str, Any]]:
+                    step: int, max_rows: int, extra: dict[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
     """The first max_rows completions as rows: step, prompt, completion, each reward function's
-    value (None where it did not apply), the shaped score and the advantage."""
+    value (None where it did not apply), the shaped score, the advantage, and the columns reward
+    functions added with TRL's `log_extra`."""
     rows = []
     for index in range(min(max_rows, len(completions))):
         per_function = {name: (None if math.isnan(v) else v) for name, v in zip(reward_names, reward_columns[index].tolist())}
+        added = {column: values[index] for column, values in (extra or {}).items() if index < len(values)}
         rows.append({"step": step, "prompt": prompts[index], "completion": completions[index], **per_function,
-                     "score": float(scores[index]), "advantage": float(advantages[index])})
+                     "score": float(scores[index]), "advantage": float(advantages[index]), **added})
     return rows
 
 

@@ -8,7 +8,7 @@ reference are only run without grad.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
@@ -23,6 +23,7 @@ from .data.prompts import as_completions, tokenize_prompts
 from .generation.base import SampledBatch, Sampler
 from .generation.stop import cut_at_stop_strings
 from .rewards.scoring import RewardFunction, reward_arguments, score_completions
+from .rewards.trl_names import RewardLog
 
 
 @dataclass
@@ -88,6 +89,8 @@ class Samples:
 
     prompts: list  # (B,) each prompt repeated K times, as the dataset holds it
     completions: list[str]  # (B,) decoded completion text
+    extra: dict[str, list] = field(default_factory=dict)  # columns reward functions added with log_extra
+    metrics: dict[str, float] = field(default_factory=dict)  # means of what they logged with log_metric
 
 
 @dataclass
@@ -102,6 +105,7 @@ class RolloutCollector:
     sampler: Sampler
     reward_functions: list[RewardFunction]
     reward_weights: list[float]
+    trainer_state: Any = None  # what reward functions get as `trainer_state`; the trainer sets its TrainerState
 
     @torch.no_grad()
     def collect(self, rows: list[dict[str, Any]], global_step: int = 0, episode: int = 0) -> tuple[Rollout, Samples]:
@@ -116,8 +120,11 @@ class RolloutCollector:
         repeated_prompts = [p for p in prompts for _ in range(k)]
 
         # 2. Score every completion (messages for conversations), then shape the scores.
+        state = self.trainer_state if self.trainer_state is not None else {"global_step": global_step, "episode": episode}
         arguments = reward_arguments(rows, repeated_prompts, as_completions(repeated_prompts, completions),
-                                     completion_ids, k, {"global_step": global_step, "episode": episode})
+                                     completion_ids, k, state)
+        reward_log = RewardLog()  # TRL's log_extra / log_metric keyword arguments
+        arguments.update(log_extra=reward_log.log_extra, log_metric=reward_log.log_metric)
         scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
                                    step=global_step)
         raw_scores = scored.scores.to(sampled.completion_ids.device)  # (B,)
@@ -163,7 +170,8 @@ class RolloutCollector:
             has_eos=sampled.has_eos,
             trained=valid & (sampled.has_eos | (not args.mask_truncated_completions)),
         )
-        return rollout, Samples(prompts=repeated_prompts, completions=completions)
+        return rollout, Samples(prompts=repeated_prompts, completions=completions, extra=dict(reward_log.columns),
+                                metrics=reward_log.metrics())
 
     def sample(self, prompts: list, num_generations: int | None = None) -> SampledBatch:
         """K completions of each prompt (num_generations for eval), cut after the first stop string

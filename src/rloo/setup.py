@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
 
+from . import trl_compat
 from .config import RLOOConfig
 from .trackers import resolve_report_to
 from .data.schedule import PromptSchedule
@@ -20,8 +22,13 @@ from .generation import FastSampler, GenerateSampler, Sampler
 
 
 def build_accelerator(args: RLOOConfig) -> Accelerator:
+    mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    # A second trainer in one process (a notebook) may ask for other precision; accelerate keeps one
+    # process-wide state and would refuse. The precision part is reset; processes and devices stay.
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
     return Accelerator(
-        mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
+        mixed_precision=mixed_precision,
         log_with=resolve_report_to(args.report_to) or None,
         project_dir=args.output_dir,
         # Our schedule counts global optimizer steps; by default accelerate would step it once
@@ -30,10 +37,11 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
     )
 
 
-def load_tokenizer(processing_class: Any, model: str | PreTrainedModel) -> Any:
+def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:
     """The given tokenizer, or the model's; a missing pad token becomes the EOS token."""
     tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(
-        model if isinstance(model, str) else model.config._name_or_path
+        model if isinstance(model, str) else model.config._name_or_path,
+        **({"trust_remote_code": True} if trust_remote_code else {}),
     )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -42,9 +50,14 @@ def load_tokenizer(processing_class: Any, model: str | PreTrainedModel) -> Any:
     return tokenizer
 
 
-def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig) -> torch.nn.Module:
+def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig,
+                quantization_config: Any = None) -> torch.nn.Module:
     """The trained model: loaded by name or taken as given, wrapped with LoRA adapters when asked."""
-    policy = AutoModelForCausalLM.from_pretrained(model) if isinstance(model, str) else model
+    # TRL's model_init_kwargs / trust_remote_code (dtype strings resolved), for a model given by name.
+    init_kwargs = trl_compat.model_init_kwargs(args, model_is_loaded=not isinstance(model, str))
+    if quantization_config is not None:
+        init_kwargs["quantization_config"] = quantization_config
+    policy = AutoModelForCausalLM.from_pretrained(model, **init_kwargs) if isinstance(model, str) else model
     if peft_config is not None:
         from peft import get_peft_model
 
@@ -93,7 +106,8 @@ def build_optimizer(model: torch.nn.Module, args: RLOOConfig) -> torch.optim.Opt
 
 def build_scheduler(optimizer: torch.optim.Optimizer, args: RLOOConfig, total_steps: int) -> Any:
     warmup = args.warmup_steps or math.ceil(args.warmup_ratio * total_steps)
-    return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps,
+                         scheduler_specific_kwargs=args.lr_scheduler_kwargs or None)  # TRL's lr_scheduler_kwargs
 
 
 def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -> tuple[int, int]:

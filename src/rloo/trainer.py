@@ -27,7 +27,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from . import checkpoint, evaluation, setup
+from . import checkpoint, evaluation, setup, trainer_api
 from .config import RLOOConfig
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
 from .data.schedule import PromptSchedule, select_rows
@@ -59,6 +59,9 @@ class RLOOTrainer:
             `reward_funcs` (None for plain functions); loaded from each reward model when None.
         sampler: how completions are generated (`generation.base.Sampler`); by default the one
             `args.sampler` names, stopping at the tokenizer's EOS and `args.stop_token_ids`.
+        callbacks, optimizers, quantization_config: as in TRL (see `trainer_api`): transformers
+            TrainerCallbacks, an (optimizer, scheduler) pair replacing the built ones (either may be None),
+            and a quantization config passed to from_pretrained when the model is given by name.
     """
 
     def __init__(
@@ -73,6 +76,9 @@ class RLOOTrainer:
         reward_model: Callable | Sequence[Callable] | None = None,
         reward_processing_classes: Any = None,
         sampler: Sampler | None = None,
+        callbacks: Sequence[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        quantization_config: Any = None,
     ) -> None:
         if reward_funcs is not None and reward_model is not None:
             raise ValueError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
@@ -87,23 +93,31 @@ class RLOOTrainer:
         self.args = args = args if args is not None else RLOOConfig()
         self.accelerator = acc = setup.build_accelerator(args)
         set_seed(args.seed)
-        self.tokenizer = setup.load_tokenizer(processing_class, model)
+        self.tokenizer = setup.load_tokenizer(processing_class, model, trust_remote_code=args.trust_remote_code)
+        # An IterableDataset is read once, up to the rows max_steps needs.
+        train_dataset = trainer_api.take_rows(train_dataset, "train_dataset", None if args.max_steps < 0 else
+                                              -(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
+                                              * acc.num_processes)
+        eval_sets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]
         # Prompts are checked before any weights are loaded or sizes derived.
-        for dataset, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset")):
+        for dataset, name in ((train_dataset, "train_dataset"),
+                              *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
             if dataset is not None:
                 check_prompt_dataset(dataset, name)
                 check_prompt_lengths(dataset, name, self.tokenizer, args.max_prompt_length, args.truncate_prompts,
                                      args.chat_template_kwargs)
 
-        policy = setup.load_policy(model, peft_config, args)
+        policy = setup.load_policy(model, peft_config, args, quantization_config)
+        self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
         reference = setup.build_reference(policy, args)
         self.schedule = PromptSchedule(num_rows=len(train_dataset), prompts_per_process=args.prompts_per_rollout,
                                        num_processes=acc.num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
         self.num_rollouts, self.total_steps = setup.run_length(args, self.schedule, acc.num_processes)
-        optimizer = setup.build_optimizer(policy, args)
+        optimizer, scheduler = optimizers  # TRL's optimizers=(optimizer, scheduler); None builds ours
+        optimizer = optimizer if optimizer is not None else setup.build_optimizer(policy, args)
         # A model fresh from another training loop may still hold gradients; the first backward would add to them.
         optimizer.zero_grad(set_to_none=True)
-        scheduler = setup.build_scheduler(optimizer, args, self.total_steps)
+        scheduler = scheduler if scheduler is not None else setup.build_scheduler(optimizer, args, self.total_steps)
         self.model, self.optimizer, self.lr_scheduler = acc.prepare(policy, optimizer, scheduler)
         self.reference = None if reference is None else acc.prepare_model(reference, evaluation_mode=True)
 
@@ -125,11 +139,20 @@ class RLOOTrainer:
         self.global_step = 0
         self.episode = 0
         self._evaluated_at, self._last_eval = -1, {}
+        # transformers TrainerCallbacks and TrainerState (log_history); also a metrics sink.
+        self.callback_handler = trainer_api.Callbacks(callbacks, args, self.total_steps, acc.is_main_process)
+        self.callback_handler.models = {"model": self.model, "processing_class": self.tokenizer,
+                                        "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler}
+        self.logger.sinks.append(self.callback_handler)
+        self.state = self.collector.trainer_state = self.callback_handler.state  # reward functions see it too
+        self.hub_model_id = args.hub_model_id or Path(args.output_dir).name
+        self.callback_handler.event("on_init_end")
 
     # ------------------------------------------------------------------ the loop
 
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run the training loop; returns the last logged metrics."""
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> trainer_api.TrainOutput:
+        """Run the training loop; returns TrainOutput(global_step, training_loss, metrics), which also
+        reads like the dict of the last logged metrics."""
         args, acc = self.args, self.accelerator
         start_rollout = 0
         if resume_from_checkpoint:
@@ -143,6 +166,8 @@ class RLOOTrainer:
         progress = tqdm(total=self.total_steps, initial=self.global_step, desc="RLOO",
                         disable=not acc.is_main_process, dynamic_ncols=True)
         window_start, window_episodes = time.perf_counter(), 0
+        self.callback_handler.advance(self.global_step, self.epoch, self.episode)
+        control = self.callback_handler.event("on_train_begin")
 
         for rollout_index in range(start_rollout, self.num_rollouts):
             rows = select_rows(self.train_dataset, self.schedule.rows(rollout_index, acc.process_index))
@@ -157,11 +182,13 @@ class RLOOTrainer:
                 step_stats = self.learner.step(mini_batch)
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
-                window.add({**rollout_stats, **step_stats})
+                self.callback_handler.advance(self.global_step, self.epoch, self.episode)
+                control = self.callback_handler.event("on_step_end")
+                window.add({**rollout_stats, **samples.metrics, **step_stats})
                 progress.update(1)
                 progress.set_postfix(reward=f"{rollout_stats['reward']:.3f}")
 
-                is_last = self.global_step >= self.total_steps
+                is_last = self.global_step >= self.total_steps or control.should_training_stop
                 if self.global_step % args.logging_steps == 0 or is_last:  # step 6
                     elapsed = time.perf_counter() - window_start
                     last_metrics = self._log(window.mean_and_reset(), window_episodes / max(elapsed, 1e-9),
@@ -172,17 +199,25 @@ class RLOOTrainer:
                 if args.save_steps > 0 and self.global_step % args.save_steps == 0:
                     checkpoint.save_checkpoint(acc, self.model, self.tokenizer, args, self.global_step,
                                                rollout_index, self.episode)
+                    self.callback_handler.event("on_save")
                 if is_last:
                     break
-            if self.global_step >= self.total_steps:
+            if self.global_step >= self.total_steps or control.should_training_stop:
                 break
 
         progress.close()
         if self.eval_dataset is not None:
             last_metrics.update(self._log_eval())
         self.save_model(args.output_dir)
+        self.callback_handler.event("on_train_end")
         acc.end_training()
-        return last_metrics
+        losses = [log["loss/policy_avg"] for log in self.state.log_history if "loss/policy_avg" in log]
+        return trainer_api.TrainOutput(self.global_step, sum(losses) / max(len(losses), 1), last_metrics)
+
+    @property
+    def epoch(self) -> float:
+        """Passes over the training prompts so far (fractional), as TrainerState.epoch counts them."""
+        return self.episode / (self.args.num_generations * max(len(self.train_dataset), 1))
 
     def collect(self, rows: list[dict[str, Any]]) -> tuple[Rollout, Samples]:
         """Steps 1-4 on one process's dataset rows: a scored, baselined rollout and its text."""
@@ -200,18 +235,25 @@ class RLOOTrainer:
         if self.args.log_completions:
             rows = completion_rows(samples.prompts, samples.completions, [fn.name for fn in self.reward_functions],
                                    rollout.reward_columns, rollout.scores.tolist(), rollout.advantages.tolist(),
-                                   self.global_step, self.args.num_completions_to_print)
+                                   self.global_step, self.args.num_completions_to_print, samples.extra)
             self.logger.log_completions(rows, self.global_step)
         return metrics
 
-    def evaluate(self) -> dict[str, float]:
-        """Eval metrics of num_generations_eval sampled completions of every eval prompt (`evaluation`)."""
-        if self.eval_dataset is None:
+    def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Eval metrics of num_generations_eval sampled completions of every eval prompt (`evaluation`).
+        A dict of datasets is evaluated one by one, prefixed "<prefix>_<name>/" as in transformers."""
+        eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if eval_dataset is None:
             raise ValueError("evaluate() needs an eval_dataset.")
-        return evaluation.evaluate(self.collector, self.eval_dataset, [fn.name for fn in self.reward_functions],
-                                   self.args.num_generations_eval or self.args.num_generations,
-                                   self.args.prompts_per_step,
-                                   {"global_step": self.global_step, "episode": self.episode})
+        named = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+        metrics: dict[str, float] = {}
+        for name, dataset in named:
+            prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
+            metrics.update(evaluation.evaluate(self.collector, dataset, [fn.name for fn in self.reward_functions],
+                                              self.args.num_generations_eval or self.args.num_generations,
+                                              self.args.prompts_per_step, self.state, prefix=f"{prefix}/"))
+        self.callback_handler.event("on_evaluate", metrics=metrics)
+        return metrics
 
     def _log_eval(self) -> dict[str, float]:
         """Evaluate and log once per step: the last step's eval is not repeated after the loop."""
@@ -223,3 +265,24 @@ class RLOOTrainer:
     def save_model(self, output_dir: str | None = None) -> None:
         """Save the policy (or its adapters under LoRA) and the tokenizer with save_pretrained."""
         checkpoint.save_model(self.accelerator, self.model, self.tokenizer, self.args, output_dir or self.args.output_dir)
+        if self.accelerator.is_main_process:  # the model card travels with the weights
+            self.create_model_card(output_dir=output_dir)
+
+    def end(self) -> None:
+        """Finish the trackers, as transformers' Trainer.end() (TRL scripts call it); train() already has."""
+        self.accelerator.end_training()
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
+                          tags: Sequence[str] | None = None, output_dir: str | None = None) -> Path:
+        """Write README.md (Hub metadata, training settings, citation) next to the saved model."""
+        return trainer_api.write_model_card(output_dir or self.args.output_dir, self.args, model_name or self.model_name,
+                                            dataset_name, tags or ())
+
+    def push_to_hub(self, commit_message: str = "End of training", dataset_name: str | None = None,
+                    token: str | None = None, revision: str | None = None, **_: Any) -> str:
+        """Save the model and its card, then upload output_dir to `args.hub_model_id` (needs the network;
+        offline it raises with where the files are). Returns the commit URL."""
+        self.save_model(self.args.output_dir)
+        self.create_model_card(dataset_name=dataset_name)
+        return trainer_api.push_to_hub(self.args.output_dir, self.hub_model_id, token or self.args.hub_token,
+                                       self.args.hub_private_repo, revision or self.args.hub_revision, commit_message)

@@ -7,6 +7,7 @@
 - `reward_model`: a sequence-classification model as a reward function.
 - `sandbox`: running untrusted code against tests in an isolated, limited process (`isolation`),
   with the verdicts decided in the trainer (`verdicts`).
+- `trl_names`: TRL's built-in reward functions under their TRL names (`accuracy_reward`, ...).
 """
 
 from .builtins import (
@@ -21,8 +22,17 @@ from .builtins import (
     think_format,
     thinking_answer_reward,
 )
+from .trl_names import (
+    TRL_REWARDS,
+    accuracy_reward,
+    get_soft_overlong_punishment,
+    reasoning_accuracy_reward,
+    think_format_reward,
+)
 
 __all__ = [
     "BUILTIN_REWARDS", "BUILTIN_REWARD_FACTORIES", "code_execution", "completion_text", "exact_match",
     "extract_code", "length_penalty", "math_accuracy", "think_format", "thinking_answer_reward",
+    "TRL_REWARDS", "accuracy_reward", "get_soft_overlong_punishment", "reasoning_accuracy_reward",
+    "think_format_reward",
 ]

@@ -4,7 +4,8 @@ A reward function has TRL's shape, `f(prompts, completions, completion_ids, **co
 columns are the dataset's other columns (e.g. `answer`). Functions with narrower signatures
 (`length_reward(completions, prompts=None)`) get only the arguments they name; a required
 argument that nobody can supply is an error at construction, not at step 1000. `trainer_state`
-(the step and episode) is passed only to functions that name it, not through `**kwargs`.
+(the step and episode), and TRL's `log_extra(column, values)` / `log_metric(name, value)` are passed
+only to functions that name them, not through `**kwargs`.
 
 A function may be `async def`: the async functions of a batch run concurrently on one event
 loop. It may return `None` for a sample it does not apply to; that sample's weighted sum leaves
@@ -29,7 +30,7 @@ RewardFunc = Callable[..., Sequence[float | None]]
 # Arguments the trainer supplies besides the dataset's columns.
 TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids")
 # Supplied only to functions that name them: they are not per-completion lists.
-OPT_IN_ARGUMENTS = ("trainer_state",)
+OPT_IN_ARGUMENTS = ("trainer_state", "log_extra", "log_metric")
 
 
 class RewardError(RuntimeError):
