@@ -16,10 +16,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, g
 from .config import RLOOConfig
 from .data.schedule import PromptSchedule
 from .generation import FastSampler, GenerateSampler, Sampler
+from .launch import check_launch
 
 
 def build_accelerator(args: RLOOConfig) -> Accelerator:
-    return Accelerator(
+    """The accelerator; refuses a launch whose processes accelerate did not connect (`launch.check_launch`)."""
+    accelerator = Accelerator(
+        cpu=args.use_cpu,
         mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
         log_with=None if args.report_to == "none" else args.report_to,
         project_dir=args.output_dir,
@@ -27,6 +30,8 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
         # per process per step and decay the learning rate num_processes times too fast.
         step_scheduler_with_optimizer=False,
     )
+    check_launch(accelerator.num_processes)
+    return accelerator
 
 
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel) -> Any:
