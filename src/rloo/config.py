@@ -263,7 +263,8 @@ class RLOOConfig:
     vllm_importance_sampling_correction: bool = True
     """When the sampler returns its own log-probs (vLLM, another precision), multiply each token's
     policy-gradient loss by min(pi_old / pi_sampler, vllm_importance_sampling_cap), truncated
-    importance sampling (TIS). False trains as if the sampler were the policy."""
+    importance sampling (TIS); the loss then uses per-token ratios (as the per-token loss modes do).
+    False trains as if the sampler were the policy. The mismatch is logged either way (sampler/*)."""
     vllm_importance_sampling_cap: float = 2.0
     """The cap of the truncated importance-sampling ratio (TIS); must be >= 1."""
 
