@@ -114,8 +114,7 @@ def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -
 
 def default_sampler(args: RLOOConfig, tokenizer: Any) -> Sampler:
     """The sampler `args.sampler` names, stopping at EOS and `stop_token_ids`."""
-    sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
-    return sampler_class(
+    common = dict(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=[tokenizer.eos_token_id, *(args.stop_token_ids or [])],
         max_new_tokens=args.max_completion_length,
@@ -123,3 +122,13 @@ def default_sampler(args: RLOOConfig, tokenizer: Any) -> Sampler:
         top_p=args.top_p,
         top_k=args.top_k,
     )
+    if args.sampler == "vllm":  # imported here: the module is optional and its engines heavy
+        from .generation.vllm import VLLMSampler
+
+        return VLLMSampler(**common, args=args)
+    if args.sampler == "paged":
+        from .generation.paged import PagedSampler
+
+        return PagedSampler(**common)
+    sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
+    return sampler_class(**common)
