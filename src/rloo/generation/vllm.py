@@ -21,7 +21,7 @@ from typing import Any, Iterator, Protocol
 
 import torch
 
-from .base import SampledBatch, completion_mask_from_eos, left_pad
+from .base import SampledBatch, batch_from_token_lists
 
 
 class Engine(Protocol):
@@ -193,22 +193,6 @@ class VLLMSampler:
                       max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_token_ids))
         grouped = self.engine.generate(prompts, num_generations, params)
         self.engine.sleep()
-        return self._to_batch(prompts, grouped, num_generations, next(model.parameters()).device)
-
-    def _to_batch(self, prompts, grouped, k, device) -> SampledBatch:
         rows = [c for completions in grouped for c in completions]  # prompt-major: row p*K + k
-        if len(rows) != len(prompts) * k:
-            raise RuntimeError(f"the vLLM engine returned {len(rows)} completions for {len(prompts)} prompts x K={k}.")
-        width = max(1, max(len(ids) for ids, _ in rows))
-        # -1 (no token) beyond each completion's end, so a pad id that equals EOS does not count as an end.
-        completion_ids = torch.full((len(rows), width), -1, dtype=torch.long)
-        logprobs = torch.zeros((len(rows), width), dtype=torch.float32)
-        for row, (ids, logps) in enumerate(rows):
-            completion_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            logprobs[row, :len(logps)] = torch.tensor(logps, dtype=torch.float32)
-        completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
-        completion_mask = completion_mask * (completion_ids >= 0).long()  # a truncated row ends at its length
-        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_token_id)
-        prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(k)], self.pad_token_id, device)
-        return SampledBatch(prompt_ids, prompt_mask, completion_ids.to(device), completion_mask.to(device),
-                            has_eos.to(device), logprobs=(logprobs * completion_mask).to(device))
+        return batch_from_token_lists(prompts, [ids for ids, _ in rows], [logps for _, logps in rows], num_generations,
+                                      self.pad_token_id, self.eos_token_ids, next(model.parameters()).device)
