@@ -27,8 +27,8 @@ def test_test_split_is_used_only_when_evaluating():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--use_vllm"], ["use_vllm", "vLLM"]),
-    (["--vllm_mode", "server"], ["vllm_mode", "vLLM"]),
+    (["--use_vllm"], ["sampler='vllm'", "pip install rloo[vllm]"]),  # use_vllm maps to sampler="vllm"; none here
+    (["--vllm_model_impl", "transformers"], ["vllm_model_impl", "vLLM"]),
     (["--load_in_4bit"], ["load_in_4bit", "--use_peft"]),
     (["--dataset_streaming"], ["dataset_streaming", "IterableDataset"]),
     (["--datasets", "a", "b"], ["datasets", "--dataset_name"]),
@@ -51,7 +51,7 @@ def test_version_and_top_level_help(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0
-    assert [line.split()[0] for line in out.splitlines() if line.startswith("  ")] == ["train", "demo"]
+    assert [line.split()[0] for line in out.splitlines() if line.startswith("  ")] == ["train", "eval", "report", "demo"]
 
 
 def test_train_help_lists_trl_flags(capsys):

@@ -256,8 +256,8 @@ def test_mapped_fields(kwargs, expected):
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"use_vllm": True}, ["use_vllm", "vLLM", "not available"]),
-    ({"vllm_mode": "server"}, ["vllm_mode", "vLLM"]),
+    ({"use_vllm": True}, ["sampler='vllm'", "vLLM"]),
+    ({"vllm_model_impl": "transformers"}, ["vllm_model_impl", "vLLM"]),
     ({"min_p": 0.1}, ["min_p", "top_p"]),
     ({"steps_per_generation": 3, "gradient_accumulation_steps": 2}, ["steps_per_generation", "num_mini_batches"]),
     ({"eval_strategy": "epoch"}, ["eval_strategy", "eval_steps"]),

@@ -54,7 +54,8 @@ LR_SCHEDULERS = (
 )
 OPTIMIZERS = ("adamw_torch", "adamw_8bit")
 TRUNCATE_PROMPTS = ("left", "error")
-SAMPLERS = ("fast", "generate")
+SAMPLERS = ("fast", "generate", "paged", "vllm")
+VLLM_MODES = ("colocate", "server")
 # Kept here (not imported from the math modules) so that the config imports no torch.
 ADVANTAGE_ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")
 KL_PENALTIES = ("sequence", "token", "loss")
@@ -154,7 +155,8 @@ class RLOOConfig:
     sampler: str = "fast"
     """Sampling backend: "fast" prefills each prompt once, shares its KV cache across its K samples
     and decodes in a lean loop (rloo.decoding.FastSampler); "generate" calls Hugging Face
-    `generate` (slower, the reference). Both draw from the same distribution."""
+    `generate` (slower, the reference). Both draw from the same distribution. "paged" uses
+    transformers' continuous batching (`generate_batch`), "vllm" a vLLM engine (see vllm_mode)."""
     stop_strings: list[str] | None = None
     """Strings that end a completion: it is cut after the first one (the string kept, as
     generate(stop_strings=...) does) and counts as ended, like EOS. Matched on decoded text after
@@ -243,6 +245,38 @@ class RLOOConfig:
     # --- eval (issue 12, item 6) ---
     num_generations_eval: int | None = None
     """Completions sampled per eval prompt (TRL's name), the n of eval/pass@k; None uses num_generations."""
+
+    # --- scale-out: launching, generation engines, sampler/trainer mismatch (issue 13) ---
+    # TRL's option names. See docs/launching.md for the launch lines and what is verified where.
+    use_cpu: bool = False
+    """Run on CPU even where a GPU exists, and let a multi-process launch (torchrun, accelerate's
+    MULTI_GPU config) form one world of N CPU processes (gloo) instead of N unconnected runs.
+    ACCELERATE_USE_CPU=1 does the same."""
+    vllm_mode: str = "colocate"
+    """With sampler="vllm": "colocate" runs a vLLM engine inside each training process; "server"
+    talks to a separate `trl vllm-serve` process through TRL's VLLMClient."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Colocate mode: the fraction of the GPU's memory the vLLM engine may take (weights and KV cache)."""
+    vllm_tensor_parallel_size: int = 1
+    """Colocate mode: GPUs one vLLM engine is split over."""
+    vllm_enable_sleep_mode: bool = False
+    """Colocate mode: put the engine to sleep (weights and KV cache off the GPU) between generations
+    and wake it before the next, so training gets the memory back."""
+    vllm_server_base_url: str | None = None
+    """Server mode: the server's URL (e.g. "http://host:8000"); when unset, host and port are used."""
+    vllm_server_host: str = "0.0.0.0"
+    """Server mode: host of the `trl vllm-serve` server."""
+    vllm_server_port: int = 8000
+    """Server mode: port of the `trl vllm-serve` server."""
+    vllm_server_timeout: float = 240.0
+    """Server mode: seconds to wait for the server to answer before failing."""
+    vllm_importance_sampling_correction: bool = True
+    """When the sampler returns its own log-probs (vLLM, another precision), multiply each token's
+    policy-gradient loss by min(pi_old / pi_sampler, vllm_importance_sampling_cap), truncated
+    importance sampling (TIS); the loss then uses per-token ratios (as the per-token loss modes do).
+    False trains as if the sampler were the policy. The mismatch is logged either way (sampler/*)."""
+    vllm_importance_sampling_cap: float = 2.0
+    """The cap of the truncated importance-sampling ratio (TIS); must be >= 1."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -441,6 +475,25 @@ def _validate(c: RLOOConfig) -> None:
         check_report_to(c.report_to)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    _validate_scale_out(c, require)
+
+
+def _validate_scale_out(c: RLOOConfig, require: Any) -> None:
+    """The scale-out block: vLLM options and the truncated importance-sampling cap."""
+    require(c.vllm_mode in VLLM_MODES, f"vllm_mode must be one of {VLLM_MODES}, got {c.vllm_mode!r}.")
+    require(0 < c.vllm_gpu_memory_utilization <= 1,
+            f"vllm_gpu_memory_utilization must be in (0, 1], got {c.vllm_gpu_memory_utilization!r}.")
+    require(isinstance(c.vllm_tensor_parallel_size, int) and c.vllm_tensor_parallel_size >= 1,
+            f"vllm_tensor_parallel_size must be a positive integer, got {c.vllm_tensor_parallel_size!r}.")
+    require(c.vllm_server_timeout > 0, f"vllm_server_timeout must be > 0, got {c.vllm_server_timeout!r}.")
+    require(c.vllm_importance_sampling_cap >= 1,
+            f"vllm_importance_sampling_cap must be >= 1 (a cap below 1 would shrink every on-policy token), "
+            f"got {c.vllm_importance_sampling_cap!r}; turn the correction off with "
+            f"vllm_importance_sampling_correction=False instead.")
+    if c.sampler == "vllm":
+        require(importlib.util.find_spec("vllm") is not None or c.vllm_mode == "server",
+                "sampler='vllm' with vllm_mode='colocate' needs vLLM in this process: `pip install rloo[vllm]` "
+                "(CUDA only), or use vllm_mode='server' with a `trl vllm-serve` server, or sampler='fast'.")
 
 
 @functools.cache

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm.auto import tqdm
 
+from .algo.importance import mismatch_metrics
 from .rewards.scoring import reward_function_metrics
 from .trackers import init_kwargs, log_table, project_name, resolve_report_to, tracker_config
 
@@ -180,6 +181,8 @@ def rollout_metrics(rollout: Any, accelerator: Accelerator, num_generations: int
         "val/num_eos_tokens": eos.sum().item(),
         "num_tokens": lengths.sum().item(),
         **reward_function_metrics(list(reward_names), accelerator.gather(rollout.reward_columns)),
+        # Sampler/trainer mismatch, when the sampler returned its own log-probs (algo.importance).
+        **({} if rollout.mismatch is None else mismatch_metrics(accelerator.gather(rollout.mismatch).view(-1, 4))),
     }
 
 

@@ -15,6 +15,7 @@ import torch
 from accelerate import Accelerator
 
 from .algo.advantages import compute_advantages, whiten
+from .algo.importance import mismatch_sums, truncated_importance_weights
 from .algo.kl import kl_penalized_reward, token_kl, token_kl_advantages
 from .algo.logprobs import completion_logprobs
 from .algo.shaping import shape_scores
@@ -48,6 +49,9 @@ class Rollout:
     token_advantages: torch.Tensor | None  # (B, C) per-token advantages for kl_penalty="token"; else None
     has_eos: torch.Tensor  # (B,) bool, the completion ended (EOS, stop token or stop string)
     trained: torch.Tensor  # (B,) bool, the completion carries loss weight (scored, and see mask_truncated_completions)
+    # Sampler/trainer mismatch (set only when the sampler returns its own log-probs, e.g. vLLM):
+    is_weights: torch.Tensor | None = None  # (B, C) truncated importance weights; None when off
+    mismatch: torch.Tensor | None = None  # (4,) `algo.importance.mismatch_sums` of this process
 
     def micro_batch(self, start: int, size: int) -> "Rollout":
         """Rows [start, start + size), with padding columns that every row shares trimmed off."""
@@ -76,6 +80,8 @@ class Rollout:
             token_advantages=columns(self.token_advantages),
             has_eos=self.has_eos[rows],
             trained=self.trained[rows],
+            is_weights=columns(self.is_weights),
+            mismatch=self.mismatch,
         )
 
     def loss_mask(self) -> torch.Tensor:
@@ -136,7 +142,7 @@ class RolloutCollector:
         mask = sampled.completion_mask
         old_logps = ref_logps = None
         token_kls = torch.zeros_like(mask, dtype=torch.float32)  # (B, C)
-        if args.beta > 0 or args.steps_per_rollout > 1:
+        if args.beta > 0 or args.steps_per_rollout > 1 or sampled.logprobs is not None:
             old_logps = self.logprobs(self.accelerator.unwrap_model(self.model), sampled)
         if args.beta > 0:
             with self.reference_model() as reference:
@@ -170,6 +176,12 @@ class RolloutCollector:
             has_eos=sampled.has_eos,
             trained=valid & (sampled.has_eos | (not args.mask_truncated_completions)),
         )
+        if sampled.logprobs is not None:  # the sampler is another engine: measure (and correct) the mismatch
+            sampler_logps = sampled.logprobs.to(old_logps.device)
+            cap = args.vllm_importance_sampling_cap
+            rollout.mismatch = mismatch_sums(old_logps, sampler_logps, mask, cap)
+            if args.vllm_importance_sampling_correction:
+                rollout.is_weights = truncated_importance_weights(old_logps, sampler_logps, mask, cap)
         return rollout, Samples(prompts=repeated_prompts, completions=completions, extra=dict(reward_log.columns),
                                 metrics=reward_log.metrics())
 

@@ -19,15 +19,18 @@ from .config import RLOOConfig
 from .trackers import resolve_report_to
 from .data.schedule import PromptSchedule
 from .generation import FastSampler, GenerateSampler, Sampler
+from .launch import check_launch
 
 
 def build_accelerator(args: RLOOConfig) -> Accelerator:
+    """The accelerator; refuses a launch whose processes accelerate did not connect (`launch.check_launch`)."""
     mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
     # A second trainer in one process (a notebook) may ask for other precision; accelerate keeps one
     # process-wide state and would refuse. The precision part is reset; processes and devices stay.
     if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
         AcceleratorState._reset_state(reset_partial_state=False)
-    return Accelerator(
+    accelerator = Accelerator(
+        cpu=args.use_cpu,
         mixed_precision=mixed_precision,
         log_with=resolve_report_to(args.report_to) or None,
         project_dir=args.output_dir,
@@ -35,6 +38,8 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
         # per process per step and decay the learning rate num_processes times too fast.
         step_scheduler_with_optimizer=False,
     )
+    check_launch(accelerator.num_processes)
+    return accelerator
 
 
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:
@@ -124,8 +129,7 @@ def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -
 
 def default_sampler(args: RLOOConfig, tokenizer: Any) -> Sampler:
     """The sampler `args.sampler` names, stopping at EOS and `stop_token_ids`."""
-    sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
-    return sampler_class(
+    common = dict(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=[tokenizer.eos_token_id, *(args.stop_token_ids or [])],
         max_new_tokens=args.max_completion_length,
@@ -133,3 +137,13 @@ def default_sampler(args: RLOOConfig, tokenizer: Any) -> Sampler:
         top_p=args.top_p,
         top_k=args.top_k,
     )
+    if args.sampler == "vllm":  # imported here: the module is optional and its engines heavy
+        from .generation.vllm import VLLMSampler
+
+        return VLLMSampler(**common, args=args)
+    if args.sampler == "paged":
+        from .generation.paged import PagedSampler
+
+        return PagedSampler(**common)
+    sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
+    return sampler_class(**common)

@@ -15,6 +15,7 @@ whole TRL config through works; docs/trl_migration.md holds the same table in pr
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass
@@ -69,8 +70,8 @@ def rename(field: str) -> Callable[[Any, dict], dict]:
     return lambda value, given: {field: value}
 
 
-VLLM = "vLLM generation is not available in rloo yet (the scale-out work adds it)"
-VLLM_INSTEAD = "leave use_vllm unset (sampler='fast' shares each prompt's KV cache across its K samples)"
+VLLM = "rloo's vLLM sampler does not take this option"
+VLLM_INSTEAD = "leave it unset (docs/launching.md lists the vllm_* options rloo takes)"
 ACCELERATE = "distributed set-up belongs to accelerate in rloo"
 ACCELERATE_INSTEAD = "describe it in an accelerate config and run `accelerate launch --config_file ... rloo train ...`"
 NO_DATALOADER = "rloo has no DataLoader: prompts are picked by a seeded schedule (data/schedule.py)"
@@ -137,6 +138,16 @@ def _report_to(value: Any, given: dict) -> dict:
     return {"report_to": "none" if value is None or value == [] else value}
 
 
+def _use_vllm(value: Any, given: dict) -> dict:
+    if not value:
+        return {}
+    if given.get("vllm_mode", "colocate") == "colocate" and importlib.util.find_spec("vllm") is None:
+        raise TRLFieldError("use_vllm=True means sampler='vllm', and vllm_mode='colocate' needs vLLM in this process: "
+                            "`pip install rloo[vllm]` (CUDA only), or run a `trl vllm-serve` server with "
+                            "vllm_mode='server', or leave use_vllm unset to sample with sampler='fast'.")
+    return {"sampler": "vllm"}
+
+
 def _eval_strategy(value: Any, given: dict) -> dict:
     value = "no" if value is False else value  # YAML reads a bare `no` as False
     if value in ("no", "steps"):
@@ -187,7 +198,6 @@ TRL_FIELDS: dict[str, Answer] = {
     "do_eval": accepted(False, "only read by scripts, as in transformers"),
     "do_predict": accepted(False, "only read by scripts, as in transformers"),
     "local_rank": accepted(-1, "set by the launcher; accelerate reads the process rank itself"),
-    "use_cpu": not_yet(False, "forcing the CPU from the config", "CUDA_VISIBLE_DEVICES='' or `accelerate launch --cpu`"),
     "data_seed": refused(None, "one seed drives data order and sampling so a run is reproducible from it", "seed"),
     "full_determinism": refused(False, "rloo does not switch torch to deterministic kernels for you",
                                 "torch.use_deterministic_algorithms(True) in your script"),
@@ -316,17 +326,15 @@ TRL_FIELDS: dict[str, Answer] = {
     "generation_kwargs": mapped(None, f"keys {sorted(GENERATION_KWARGS)} map to the config fields of the same "
                                 "meaning; other keys are refused by name", _generation_kwargs),
     "cache_implementation": refused(None, "the fast sampler manages its own KV cache", "sampler='fast'"),
-    "use_transformers_continuous_batching": refused(False, "the fast sampler decodes all K samples together",
-                                                    "sampler='fast'"),
-    "transformers_continuous_batching_config": refused(None, "see use_transformers_continuous_batching", "sampler='fast'"),
-    "use_transformers_paged": refused(False, "the fast sampler manages its own KV cache", "sampler='fast'"),
-    "use_vllm": refused(False, VLLM, VLLM_INSTEAD),
+    "use_transformers_continuous_batching": mapped(False, "True sets sampler='paged' (transformers' continuous batching)",
+                                                   lambda v, given: {"sampler": "paged"} if v else {}),
+    "transformers_continuous_batching_config": refused(None, "sampler='paged' uses transformers' defaults", "leave it unset"),
+    "use_transformers_paged": mapped(False, "True sets sampler='paged'", lambda v, given: {"sampler": "paged"} if v else {}),
+    "use_vllm": mapped(False, "True sets sampler='vllm' (vllm_mode and the other vllm_* fields are rloo's own)",
+                       _use_vllm),
     **{name: refused(default, VLLM, VLLM_INSTEAD) for name, default in (
-        ("vllm_mode", "colocate"), ("vllm_model_impl", "vllm"), ("vllm_enable_sleep_mode", False),
-        ("vllm_structured_outputs_regex", None), ("vllm_server_base_url", None), ("vllm_server_host", "0.0.0.0"),
-        ("vllm_server_port", 8000), ("vllm_server_timeout", 240.0), ("vllm_group_port", 51216),
-        ("vllm_gpu_memory_utilization", 0.3), ("vllm_max_model_length", None), ("vllm_tensor_parallel_size", 1),
-        ("vllm_importance_sampling_correction", True), ("vllm_importance_sampling_cap", 2.0))},
+        ("vllm_model_impl", "vllm"), ("vllm_structured_outputs_regex", None), ("vllm_group_port", 51216),
+        ("vllm_max_model_length", None))},
     # --- TRL RLOOConfig: reference model and logging ---
     "sync_ref_model": not_yet(False, "syncing the reference with the policy (TR-DPO)", "leave it False"),
     "ref_model_mixup_alpha": not_yet(0.6, "syncing the reference with the policy (TR-DPO)", "leave it unset"),

@@ -128,17 +128,20 @@ class Learner:
         """The clipped policy loss at the level the config asks for.
 
         The default (seq-mean-token-sum with sequence or no KL) treats a completion as one action with
-        one ratio; every other mode, and per-token advantages (kl_penalty="token"), use per-token ratios.
+        one ratio; every other mode, per-token advantages (kl_penalty="token") and truncated importance
+        weights (a sampler with its own log-probs) use per-token ratios.
 
         Returns:
             the loss output, (b,) per-completion numerators, and the units its statistics are over:
             (b,) trained completions for the sequence ratio, (b, C) tokens otherwise.
         """
         args = self.args
-        if args.loss_agg_mode == "seq-mean-token-sum" and micro.token_advantages is None:
+        if args.loss_agg_mode == "seq-mean-token-sum" and micro.token_advantages is None and micro.is_weights is None:
             out = clipped_sequence_loss((logps * mask).sum(dim=1), (old_logps * mask).sum(dim=1), micro.advantages,
                                         args.epsilon, args.epsilon_high)
             return out, out.loss * micro.trained.float(), micro.trained.float()
         advantages = micro.token_advantages if micro.token_advantages is not None else micro.advantages
         out = clipped_token_loss(logps, old_logps, advantages, args.epsilon, args.epsilon_high)
-        return out, reduce_to_sequences(out.loss, mask, args.loss_agg_mode, args.max_completion_length), mask
+        # Truncated importance sampling: the sampler was not exactly pi_old (algo.importance).
+        token_loss = out.loss if micro.is_weights is None else out.loss * micro.is_weights
+        return out, reduce_to_sequences(token_loss, mask, args.loss_agg_mode, args.max_completion_length), mask

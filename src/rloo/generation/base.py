@@ -72,3 +72,30 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -
     first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, length, dtype=torch.long))
     positions = torch.arange(length, device=completion_ids.device).unsqueeze(0)  # (1, C)
     return (positions <= first_eos.unsqueeze(1)).long(), has_eos
+
+
+def batch_from_token_lists(prompts: list[list[int]], completions: list[list[int]], logprobs: list[list[float]] | None,
+                           num_generations: int, pad_id: int, eos_ids: list[int],
+                           device: torch.device | str = "cpu") -> SampledBatch:
+    """A `SampledBatch` from an engine's token lists, row p*K + k being completion k of prompt p.
+
+    A completion ends at its first EOS (kept) or at its last token (truncated): a pad id equal to
+    EOS is not mistaken for an end.
+    """
+    if len(completions) != len(prompts) * num_generations:
+        raise RuntimeError(f"the engine returned {len(completions)} completions for {len(prompts)} prompts "
+                           f"x K={num_generations}.")
+    width = max(1, max(len(ids) for ids in completions))
+    completion_ids = torch.full((len(completions), width), -1, dtype=torch.long)  # -1: no token
+    engine_logps = torch.zeros((len(completions), width), dtype=torch.float32)
+    for row, ids in enumerate(completions):
+        completion_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        if logprobs is not None:
+            engine_logps[row, :len(logprobs[row])] = torch.tensor(logprobs[row], dtype=torch.float32)
+    completion_mask, has_eos = completion_mask_from_eos(completion_ids, eos_ids)
+    completion_mask = completion_mask * (completion_ids >= 0).long()  # a truncated row ends at its length
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(num_generations)], pad_id, device)
+    return SampledBatch(prompt_ids, prompt_mask, completion_ids.to(device), completion_mask.to(device),
+                        has_eos.to(device),
+                        logprobs=None if logprobs is None else (engine_logps * completion_mask).to(device))

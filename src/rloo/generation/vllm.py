@@ -1,0 +1,198 @@
+"""Sampling with vLLM, in the training process ("colocate") or on a `trl vllm-serve` server ("server").
+
+UNTESTED ON A REAL ENGINE in this project: vLLM does not install on its CI machines. The code
+follows vLLM's documented API (`LLM`, `SamplingParams(n=K, logprobs=0)`, `sleep` / `wake_up`,
+`reset_prefix_cache`, the model's `load_weights`) and TRL's `VLLMClient` for the server, and is
+tested against fake engines that record what is called (tests/test_vllm_sampler.py).
+
+The engine keeps its own copy of the weights. `on_optimizer_step` marks it stale; the next
+`sample` pushes the policy's weights (LoRA merged into them first) before generating, so every
+generation after an optimizer step sees the updated policy, and several optimizer steps between
+two generations cost one push. The engine's per-token log-probs come back in `SampledBatch.logprobs`
+for the truncated importance-sampling correction (algo.importance). For them to be the log-probs of
+the distribution sampled (temperature, top-k/top-p applied), the engine runs with
+`logprobs_mode="processed_logprobs"` (the server: `--logprobs-mode processed_logprobs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol
+
+import torch
+
+from .base import SampledBatch, batch_from_token_lists
+
+
+class Engine(Protocol):
+    """What the sampler needs from a vLLM engine, colocated or remote."""
+
+    def generate(self, prompts: list[list[int]], n: int, params: dict[str, Any]) -> list[list[tuple[list[int], list[float]]]]:
+        """For each prompt, n (token ids, per-token log-probs) completions."""
+        ...
+
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+
+def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, tensor) of the policy's weights as a plain model holds them.
+
+    Under LoRA the adapters must already be merged (`merge_adapter`): the PEFT wrapper's prefixes
+    and `.base_layer` are stripped and the adapter matrices skipped, so the names are the base model's.
+    """
+    is_peft = hasattr(model, "disable_adapter")
+    for name, param in model.named_parameters():
+        if is_peft:
+            if "lora_" in name or "original_module" in name:
+                continue
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "").replace("modules_to_save.default.", "")
+        yield name, param.data
+
+
+class ColocatedEngine:
+    """A `vllm.LLM` in this process, on this process's GPU(s)."""
+
+    def __init__(self, llm: Any, sleep_mode: bool) -> None:
+        self.llm, self.sleep_mode = llm, sleep_mode
+
+    @classmethod
+    def build(cls, model_path: str, args: Any, seed: int) -> "ColocatedEngine":
+        from vllm import LLM
+
+        llm = LLM(
+            model=model_path,
+            tensor_parallel_size=args.vllm_tensor_parallel_size,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            enable_sleep_mode=args.vllm_enable_sleep_mode,
+            max_model_len=args.max_prompt_length + args.max_completion_length,
+            distributed_executor_backend="external_launcher",  # one engine per training process, as TRL
+            logprobs_mode="processed_logprobs",
+            seed=seed,
+        )
+        return cls(llm, args.vllm_enable_sleep_mode)
+
+    def generate(self, prompts, n, params):
+        from vllm import SamplingParams
+
+        sampling = SamplingParams(n=n, logprobs=0, **params)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=sampling, use_tqdm=False)
+        return [[(list(c.token_ids), [step[t].logprob for t, step in zip(c.token_ids, c.logprobs)])
+                 for c in request.outputs] for request in outputs]
+
+    def load_weights(self, weights):
+        executor = self.llm.llm_engine.model_executor
+        worker = executor.driver_worker
+        runner = getattr(worker, "worker", worker).model_runner  # V1 wraps the worker once more
+        runner.model.load_weights(weights=list(weights))
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+
+    def sleep(self):
+        if self.sleep_mode:
+            self.llm.sleep(level=1)
+
+    def wake_up(self):
+        if self.sleep_mode:
+            self.llm.wake_up()
+
+
+class ServerEngine:
+    """A `trl vllm-serve` server, through TRL's `VLLMClient` (its NCCL weight sync included)."""
+
+    def __init__(self, client: Any, is_main_process: bool) -> None:
+        self.client, self.is_main_process = client, is_main_process
+
+    @classmethod
+    def build(cls, args: Any, device: torch.device) -> "ServerEngine":
+        try:
+            from trl.generation.vllm_client import VLLMClient
+        except ImportError:  # TRL before the generation/ package
+            from trl.extras.vllm_client import VLLMClient
+        is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        client = VLLMClient(base_url=args.vllm_server_base_url, host=args.vllm_server_host,
+                            server_port=args.vllm_server_port, connection_timeout=args.vllm_server_timeout)
+        if is_main:  # one process pushes weights; DDP keeps every process's copy identical
+            client.init_communicator(device=device)
+        return cls(client, is_main)
+
+    def generate(self, prompts, n, params):
+        out = self.client.generate(prompts, n=n, logprobs=0, **params)
+        # Completions come prompt by prompt, n each; newer TRL gives each position a list of top log-probs
+        # (the sampled token's first when logprobs=0), older TRL the sampled token's alone.
+        logprobs = [[lp[0] if isinstance(lp, list) else lp for lp in row] for row in out["logprobs"]]
+        pairs = list(zip(out["completion_ids"], logprobs))
+        return [pairs[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def load_weights(self, weights):
+        if self.is_main_process:
+            for name, tensor in weights:
+                self.client.update_named_param(name, tensor)
+            self.client.reset_prefix_cache()
+        if torch.distributed.is_initialized():  # nobody generates before the push is done
+            torch.distributed.barrier()
+
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass
+
+
+@dataclass
+class VLLMSampler:
+    """K completions per prompt from a vLLM engine, with the engine's per-token log-probs.
+
+    `engine` is built on the first `sample` from the config (`vllm_mode`) unless one is given
+    (tests give a fake)."""
+
+    pad_token_id: int
+    eos_token_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    args: Any = None  # the RLOOConfig, to build the engine
+    engine: Engine | None = None
+    _stale: bool = field(default=True, repr=False)  # the engine's weights lag the policy's
+
+    def on_optimizer_step(self, model: torch.nn.Module) -> None:
+        """The policy changed: push its weights before the next generation."""
+        self._stale = True
+
+    def _build_engine(self, model: torch.nn.Module) -> Engine:
+        device = next(model.parameters()).device
+        if self.args.vllm_mode == "server":
+            return ServerEngine.build(self.args, device)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        return ColocatedEngine.build(base.config._name_or_path, self.args, self.args.seed + rank)
+
+    def push_weights(self, model: torch.nn.Module) -> None:
+        """Send the policy's weights to the engine, LoRA adapters merged in for the push only."""
+        is_peft = hasattr(model, "merge_adapter")
+        if is_peft:
+            model.merge_adapter()
+        try:
+            self.engine.load_weights(policy_weights(model))
+        finally:
+            if is_peft:
+                model.unmerge_adapter()
+        self._stale = False
+
+    @torch.no_grad()
+    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
+        if self.engine is None:
+            self.engine = self._build_engine(model)
+        self.engine.wake_up()
+        if self._stale:
+            self.push_weights(model)
+        params = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1,
+                      max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_token_ids))
+        grouped = self.engine.generate(prompts, num_generations, params)
+        self.engine.sleep()
+        rows = [c for completions in grouped for c in completions]  # prompt-major: row p*K + k
+        return batch_from_token_lists(prompts, [ids for ids, _ in rows], [logps for _, logps in rows], num_generations,
+                                      self.pad_token_id, self.eos_token_ids, next(model.parameters()).device)

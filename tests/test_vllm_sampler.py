@@ -1,0 +1,184 @@
+"""The vLLM sampler against fake engines that record what is called (vLLM does not install here).
+
+The fakes stand in for `vllm` (LLM, SamplingParams) and TRL's `VLLMClient` at the import level,
+so the sampler's real code paths run: sampling parameters, result parsing, weight pushes (LoRA
+merged), sleep/wake order, and the engine's log-probs reaching the trainer.
+"""
+
+import importlib.machinery
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rloo import RLOOConfig, RLOOTrainer
+from rloo.generation.vllm import VLLMSampler, policy_weights
+
+from conftest import digit_fraction
+
+
+def length_reward(completions, **kwargs):
+    """Longer is better: the fake engine's completions differ in length, so advantages are not zero."""
+    return [float(len(c)) for c in completions]
+
+
+class FakeLLM:
+    """Records calls; completion k of every prompt is `k + 1` copies of the token '1', then EOS
+    (for k < 2), each token with log-prob -0.5 - 0.1 * k."""
+
+    instances: list = []
+
+    def __init__(self, eos_id, one_id, **kwargs):
+        self.kwargs, self.calls, self.loaded = kwargs, [], []
+        self.eos_id, self.one_id = eos_id, one_id
+        model = SimpleNamespace(load_weights=self._load)
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
+            driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model))))
+        FakeLLM.instances.append(self)
+
+    def _load(self, weights):
+        self.calls.append("load_weights")
+        self.loaded.append({name: tensor.clone() for name, tensor in weights})
+
+    def generate(self, prompts, sampling_params, use_tqdm):
+        self.calls.append(("generate", len(prompts), sampling_params.kwargs))
+        outputs = []
+        for _ in prompts:
+            completions = []
+            for k in range(sampling_params.kwargs["n"]):
+                ids = [self.one_id] * (k + 1) + ([self.eos_id] if k < 2 else [])
+                logprobs = [{t: SimpleNamespace(logprob=-0.5 - 0.1 * k)} for t in ids]
+                completions.append(SimpleNamespace(token_ids=ids, logprobs=logprobs))
+            outputs.append(SimpleNamespace(outputs=completions))
+        return outputs
+
+    def sleep(self, level):
+        self.calls.append("sleep")
+
+    def wake_up(self):
+        self.calls.append("wake_up")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch, tokenizer):
+    FakeLLM.instances.clear()
+    module = types.ModuleType("vllm")
+    module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    one_id = tokenizer("1", add_special_tokens=False)["input_ids"][0]
+    module.LLM = lambda **kwargs: FakeLLM(tokenizer.eos_token_id, one_id, **kwargs)
+    module.SamplingParams = lambda **kwargs: SimpleNamespace(kwargs=kwargs)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    return FakeLLM.instances
+
+
+def _args(tmp_path, **overrides):
+    return RLOOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, beta=0.0,
+                      max_completion_length=6, max_steps=2, save_steps=0, logging_steps=1, sampler="vllm",
+                      learning_rate=1e-2, **overrides)
+
+
+def test_colocated_engine_sampling_params_parsing_and_logprobs(tmp_path, fake_vllm, make_model, tokenizer, digit_dataset):
+    args = _args(tmp_path, vllm_gpu_memory_utilization=0.5, vllm_tensor_parallel_size=1, temperature=0.7, top_k=5)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    assert isinstance(trainer.sampler, VLLMSampler)
+    rollout, samples = trainer.collect([digit_dataset[i] for i in range(2)])
+    llm = fake_vllm[0]
+    assert llm.kwargs["gpu_memory_utilization"] == 0.5 and llm.kwargs["tensor_parallel_size"] == 1
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and llm.kwargs["max_model_len"] == 512 + 6
+    _, num_prompts, params = llm.calls[-1]
+    assert num_prompts == 2
+    assert params == dict(n=4, logprobs=0, temperature=0.7, top_p=1.0, top_k=5, max_tokens=6,
+                          stop_token_ids=[tokenizer.eos_token_id])
+    assert samples.completions[:4] == ["1", "11", "111", "1111"]
+    assert rollout.has_eos.tolist() == [True, True, False, False] * 2  # EOS only where the engine gave one
+    assert rollout.completion_mask.sum(1).tolist() == [2, 3, 3, 4] * 2
+    # The engine's log-probs reached the rollout: the mismatch metric sees them.
+    assert rollout.mismatch is not None and rollout.is_weights is not None
+
+
+def test_weights_pushed_before_each_generation_after_a_step_with_sleep_between(tmp_path, fake_vllm, make_model,
+                                                                                tokenizer, digit_dataset):
+    args = _args(tmp_path, vllm_enable_sleep_mode=True)
+    trainer = RLOOTrainer(make_model(), length_reward, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    metrics = trainer.train()
+    llm = fake_vllm[0]
+    calls = [c if isinstance(c, str) else c[0] for c in llm.calls]
+    assert calls == ["wake_up", "load_weights", "reset_prefix_cache", "generate", "sleep"] * 2
+    first, second = llm.loaded
+    assert set(first) == {n for n, _ in trainer.model.named_parameters()}
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(first[name], before[name])  # the initial policy
+    changed = [name for name in first if not torch.equal(first[name], second[name])]
+    assert changed  # the second push carries the weights after step 1
+    assert "sampler/mean_abs_log_ratio" in metrics
+
+
+def test_lora_is_merged_for_the_push_and_unmerged_after(make_model):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(make_model(), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], init_lora_weights=False))
+    base_names = {n for n, _ in make_model().named_parameters()}
+    engine = SimpleNamespace(loaded=None, load_weights=lambda w: setattr(engine, "loaded", {n: t.clone() for n, t in w}))
+    sampler = VLLMSampler(0, [1], 4, engine=engine)
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    unmerged = q.base_layer.weight.detach().clone()
+    merged = unmerged + q.lora_B["default"].weight @ q.lora_A["default"].weight * q.scaling["default"]
+    sampler.push_weights(model)
+    assert set(engine.loaded) == base_names  # base model names, no adapter matrices
+    torch.testing.assert_close(engine.loaded["model.layers.0.self_attn.q_proj.weight"], merged)
+    torch.testing.assert_close(q.base_layer.weight, unmerged)  # unmerged again for training
+    assert list(policy_weights(make_model()))[0][0] == next(iter(make_model().state_dict()))
+
+
+def test_server_mode_uses_trls_client(tmp_path, monkeypatch, make_model, tokenizer, digit_dataset):
+    record = []
+
+    class FakeClient:
+        def __init__(self, **kwargs):
+            record.append(("init", kwargs))
+
+        def init_communicator(self, device):
+            record.append(("init_communicator", str(device)))
+
+        def generate(self, prompts, n, **params):
+            record.append(("generate", len(prompts), n, params))
+            one = tokenizer("1", add_special_tokens=False)["input_ids"][0]
+            ids = [[one, tokenizer.eos_token_id]] * (len(prompts) * n)
+            return {"completion_ids": ids, "logprobs": [[[-0.3], [-0.2]]] * (len(prompts) * n)}
+
+        def update_named_param(self, name, tensor):
+            record.append(("update", name))
+
+        def reset_prefix_cache(self):
+            record.append(("reset_prefix_cache",))
+
+    for name in ("trl", "trl.generation", "trl.generation.vllm_client"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["trl.generation.vllm_client"].VLLMClient = FakeClient
+    args = _args(tmp_path, vllm_mode="server", vllm_server_base_url="http://h:9000", vllm_server_timeout=5.0)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    assert record[0] == ("init", dict(base_url="http://h:9000", host="0.0.0.0", server_port=8000, connection_timeout=5.0))
+    assert record[1] == ("init_communicator", "cpu")
+    updates = [r[1] for r in record if r[0] == "update"]
+    assert updates == [n for n, _ in trainer.model.named_parameters()]
+    generate = next(r for r in record if r[0] == "generate")
+    assert generate[1:3] == (2, 4) and generate[3]["max_tokens"] == 6
+    assert record.index(("reset_prefix_cache",)) < record.index(generate)
+    # The log-probs of the sampled tokens, zero at padding.
+    mask = rollout.completion_mask.bool()
+    assert rollout.completion_ids.shape == (8, 2) and mask.all()
+
+
+def test_colocate_without_vllm_is_a_config_error(monkeypatch):
+    from rloo.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ConfigError, match="rloo\\[vllm\\]"):
+        RLOOConfig(sampler="vllm")
