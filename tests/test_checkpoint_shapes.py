@@ -90,3 +90,41 @@ def test_reward_model_reads_plain_text_with_bos_and_templates_with_one(tokenizer
     chat = [{"role": "user", "content": "1+1="}]
     templated = reward_model.encode(reward_model.texts([chat], ["2"]), [chat])["input_ids"][0].tolist()
     assert templated[0] == adding.bos_token_id and templated.count(adding.bos_token_id) == 1
+
+
+def _greedy(model, tokenizer, prompt_ids, length=6):
+    from rloo.generation import FastSampler
+    sampler = FastSampler(pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
+                          max_new_tokens=length, do_sample=False)
+    return sampler.sample(model, [prompt_ids], 1).completion_ids[0].tolist()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("sampler_name", ["fast", "generate"])
+def test_sampler_stops_at_every_end_id_the_generation_config_declares(tmp_path, make_model, tokenizer, sampler_name):
+    from rloo.setup import default_sampler
+    model = make_model(seed=3)
+    prompt = tokenizer("1+2=")["input_ids"]
+    greedy = _greedy(model, tokenizer, prompt)
+    unused = tokenizer.convert_tokens_to_ids("<think>")
+    assert unused not in greedy and tokenizer.eos_token_id not in greedy[:3]
+    # Near-greedy sampling: a temperature this low puts all the mass on the argmax.
+    args = _config(tmp_path, sampler=sampler_name, temperature=1e-4, max_completion_length=6)
+    for declared, stop_at in (([greedy[2], unused], greedy.index(greedy[2])), ([unused, greedy[0]], 0)):
+        model.generation_config.eos_token_id = declared
+        sampled = default_sampler(args, tokenizer, model).sample(model, [prompt], 2)
+        assert sampled.has_eos.tolist() == [True, True]
+        assert sampled.completion_mask.sum(dim=1).tolist() == [stop_at + 1] * 2
+        assert sampled.completion_ids[0, : stop_at + 1].tolist() == greedy[: stop_at + 1]
+    model.generation_config.eos_token_id = tokenizer.eos_token_id  # an int works too
+    assert default_sampler(args, tokenizer, model).eos_token_ids == [tokenizer.eos_token_id]
+
+
+def test_trainer_default_sampler_reads_the_models_end_ids(tmp_path, make_model, tokenizer, digit_dataset):
+    model = make_model()
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, 7, 9]
+    trainer = RLOOTrainer(model, digit_fraction, args=_config(tmp_path, stop_token_ids=[9, 11]),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    assert trainer.sampler.eos_token_ids == [tokenizer.eos_token_id, 7, 9, 11]

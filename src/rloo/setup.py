@@ -107,12 +107,23 @@ def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -
     return rollouts, rollouts * per_rollout
 
 
-def default_sampler(args: RLOOConfig, tokenizer: Any) -> Sampler:
-    """The sampler `args.sampler` names, stopping at EOS and `stop_token_ids`."""
+def checkpoint_end_ids(model: torch.nn.Module | None) -> list[int]:
+    """The end-of-turn ids a checkpoint declares in `generation_config.eos_token_id` (an int or a
+    list), which `generate` stops at: Gemma's <end_of_turn>, Llama 3's <|eot_id|> and <|eom_id|>."""
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if declared is None:
+        return []
+    return [int(declared)] if isinstance(declared, int) else [int(i) for i in declared]
+
+
+def default_sampler(args: RLOOConfig, tokenizer: Any, model: torch.nn.Module | None = None) -> Sampler:
+    """The sampler `args.sampler` names, stopping at EOS, the end ids `model.generation_config`
+    declares, and `stop_token_ids`."""
     sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
+    end_ids = [tokenizer.eos_token_id, *checkpoint_end_ids(model), *(args.stop_token_ids or [])]
     return sampler_class(
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=[tokenizer.eos_token_id, *(args.stop_token_ids or [])],
+        eos_token_ids=list(dict.fromkeys(end_ids)),  # duplicates dropped, order kept
         max_new_tokens=args.max_completion_length,
         temperature=args.temperature,
         top_p=args.top_p,

@@ -59,7 +59,8 @@ class RLOOTrainer:
         reward_processing_classes: the reward models' tokenizers: one, or a list aligned with
             `reward_funcs` (None for plain functions); loaded from each reward model when None.
         sampler: how completions are generated (`generation.base.Sampler`); by default the one
-            `args.sampler` names, stopping at the tokenizer's EOS and `args.stop_token_ids`.
+            `args.sampler` names, stopping at the tokenizer's EOS, the model's
+            `generation_config.eos_token_id` and `args.stop_token_ids`.
     """
 
     def __init__(
@@ -118,7 +119,7 @@ class RLOOTrainer:
         if len(self.reward_weights) != num_funcs:
             raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {num_funcs} reward functions.")
 
-        self.sampler = sampler if sampler is not None else setup.default_sampler(args, self.tokenizer)
+        self.sampler = sampler if sampler is not None else setup.default_sampler(args, self.tokenizer, acc.unwrap_model(self.model))
         self.collector = RolloutCollector(args, acc, self.model, self.reference,
                                           self.tokenizer, self.sampler, self.reward_functions, self.reward_weights)
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
