@@ -128,3 +128,13 @@ def test_trainer_default_sampler_reads_the_models_end_ids(tmp_path, make_model, 
     trainer = RLOOTrainer(model, digit_fraction, args=_config(tmp_path, stop_token_ids=[9, 11]),
                           train_dataset=digit_dataset, processing_class=tokenizer)
     assert trainer.sampler.eos_token_ids == [tokenizer.eos_token_id, 7, 9, 11]
+
+
+@pytest.mark.parametrize("column", ["prompts", "completions", "completion_ids", "trainer_state"])
+def test_a_column_named_like_a_reward_argument_is_refused(tmp_path, make_model, tokenizer, column):
+    rows = Dataset.from_list([{"prompt": "1+1=", column: "2"}])
+    with pytest.raises(ValueError, match=rf"train_dataset has a column named '{column}'.*Rename the column"):
+        RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=rows, processing_class=tokenizer)
+    with pytest.raises(ValueError, match=rf"eval_dataset has a column named '{column}'"):
+        RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=Dataset.from_list([{"prompt": "1"}]),
+                    eval_dataset=rows, processing_class=tokenizer)

@@ -14,6 +14,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+# Keyword arguments the trainer passes to reward functions; a dataset column may not reuse them.
+RESERVED_REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
+
 
 def is_conversational(prompt: Any) -> bool:
     """Whether `prompt` is a list of {"role", "content"} messages."""
@@ -36,10 +39,16 @@ def as_completions(prompts: list, texts: list[str]) -> list:
 
 
 def check_prompt_dataset(dataset: Any, name: str) -> None:
-    """Fail early on a dataset the trainer cannot use: empty, no prompt column, or a malformed prompt."""
+    """Fail early on a dataset the trainer cannot use: empty, no prompt column, a column named like an
+    argument the trainer passes to reward functions, or a malformed prompt."""
     if "prompt" not in dataset.column_names:
         raise ValueError(f"{name} has no 'prompt' column (columns: {dataset.column_names}); rename your prompt "
                          f"column to 'prompt'.")
+    reserved = [column for column in RESERVED_REWARD_ARGUMENTS if column in dataset.column_names]
+    if reserved:
+        raise ValueError(f"{name} has a column named {reserved[0]!r}, a name the trainer itself passes to reward "
+                         f"functions (reserved: {', '.join(RESERVED_REWARD_ARGUMENTS)}); it would be silently replaced. "
+                         f"Rename the column, e.g. dataset.rename_column({reserved[0]!r}, 'reference_{reserved[0]}').")
     if len(dataset) == 0:
         raise ValueError(f"{name} is empty.")
     for index, prompt in enumerate(dataset["prompt"]):
