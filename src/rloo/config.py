@@ -200,11 +200,14 @@ class RLOOConfig:
     """Subtracted from the score of every completion that ended neither with EOS, a stop token nor a
     stop string (it hit max_completion_length). None disables."""
     normalize_rewards: bool = False
-    """Z-score the scores over the process's rollout, (s - mean) / (std + 1e-8), before the KL and the baseline."""
-    reward_clip_range: float | None = None
-    """Clip the scores (after normalize_rewards) to [-reward_clip_range, reward_clip_range]. None disables."""
+    """Z-score the scores over the global rollout (all processes), (s - mean) / (std + 1e-8), before the KL
+    and the baseline. With a single scored sample the score is only centred (no spread to scale by)."""
+    reward_clip_range: float | tuple[float, float] | None = None
+    """Clip the scores (after normalize_rewards): a float c clips to [-c, c] (TRL v0's form), a pair
+    (low, high) to [low, high] (TRL v1's form; a YAML list of two works too). None disables."""
     normalize_advantages: bool = False
-    """Whiten the advantages over the process's rollout, (A - mean) / (std + 1e-8), after the estimator."""
+    """Whiten the advantages over the global rollout (all processes), (A - mean) / (std + 1e-8), after the
+    estimator."""
     mask_truncated_completions: bool = False
     """Give completions that hit max_completion_length without ending zero weight in the loss; they
     also leave the loss denominators. Their rewards still enter the baselines."""
@@ -368,8 +371,9 @@ def _validate(c: RLOOConfig) -> None:
     require(c.entropy_coef >= 0, f"entropy_coef must be >= 0 (a bonus; 0 disables), got {c.entropy_coef!r}.")
     require(c.missing_eos_penalty is None or c.missing_eos_penalty >= 0,
             f"missing_eos_penalty must be >= 0 (it is subtracted from the score) or unset, got {c.missing_eos_penalty!r}.")
-    require(c.reward_clip_range is None or c.reward_clip_range > 0,
-            f"reward_clip_range must be > 0 or unset, got {c.reward_clip_range!r}.")
+    require(_valid_clip_range(c.reward_clip_range),
+            f"reward_clip_range must be a number > 0, a pair (low, high) with low < high, or unset; "
+            f"got {c.reward_clip_range!r}.")
     require(c.stop_strings is None or (len(c.stop_strings) > 0 and all(isinstance(t, str) and t for t in c.stop_strings)),
             f"stop_strings must be a non-empty list of non-empty strings or unset, got {c.stop_strings!r}.")
     require(c.stop_token_ids is None or (len(c.stop_token_ids) > 0 and all(
@@ -433,3 +437,12 @@ def field_docs(cls: type = RLOOConfig) -> dict[str, str]:
 
 
 __all__ = ["RLOOConfig", "ConfigError", "ALIASES", "field_docs", "resolve_aliases"]
+
+
+def _valid_clip_range(value: Any) -> bool:
+    """reward_clip_range: None, a number > 0 (TRL v0), or a (low, high) pair with low < high (TRL v1)."""
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+    if value is None or (number(value) and value > 0):
+        return True
+    return (isinstance(value, (tuple, list)) and len(value) == 2 and all(number(v) for v in value)
+            and value[0] < value[1])

@@ -123,7 +123,7 @@ class RolloutCollector:
         raw_scores = scored.scores.to(sampled.completion_ids.device)  # (B,)
         valid = scored.valid.to(raw_scores.device)  # (B,) False where no reward function applied
         scores = shape_scores(raw_scores, sampled.has_eos, args.missing_eos_penalty, args.normalize_rewards,
-                              args.reward_clip_range, valid)  # (B,)
+                              args.reward_clip_range, valid, gather=self.accelerator.gather)  # (B,) global stats
 
         # 3. Fold the KL into the reward before the baseline (kl_penalty "sequence" and "token").
         mask = sampled.completion_mask
@@ -139,9 +139,11 @@ class RolloutCollector:
         rewards = scores if args.kl_penalty == "loss" else kl_penalized_reward(scores, seq_kl, args.beta)  # (B,)
 
         # 4. Advantages within each group of K (unscored completions sit out), optionally whitened.
-        advantages = compute_advantages(rewards.view(-1, k), args.advantage_estimator, valid.view(-1, k)).view(-1)  # (B,)
+        # Whitening (reinforce_pp, normalize_advantages) uses the global batch's mean and std.
+        advantages = compute_advantages(rewards.view(-1, k), args.advantage_estimator, valid.view(-1, k),
+                                        gather=self.accelerator.gather).view(-1)  # (B,)
         if args.normalize_advantages:
-            advantages = whiten(advantages, valid)
+            advantages = whiten(advantages, valid, gather=self.accelerator.gather)
         token_advantages = None
         if args.kl_penalty == "token" and args.beta > 0:  # each token's return counts only the KL after it
             token_advantages = token_kl_advantages(advantages, token_kls, mask, args.beta)  # (B, C)
