@@ -138,3 +138,34 @@ def test_a_column_named_like_a_reward_argument_is_refused(tmp_path, make_model, 
     with pytest.raises(ValueError, match=rf"eval_dataset has a column named '{column}'"):
         RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=Dataset.from_list([{"prompt": "1"}]),
                     eval_dataset=rows, processing_class=tokenizer)
+
+
+QWEN3_STYLE_TEMPLATE = (  # Qwen3's generation prompt: with enable_thinking=False it closes an empty think block
+    "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+    "{% endif %}"
+)
+
+
+def test_thinking_answer_reward_with_thinking_on_and_off(tokenizer):
+    from rloo.cli import resolve_reward_func
+    from rloo.rewards import thinking_answer_reward
+
+    qwen3 = copy.deepcopy(tokenizer)
+    qwen3.chat_template = QWEN3_STYLE_TEMPLATE
+    prompt = [{"role": "user", "content": "2+2="}]
+    ids = lambda text: qwen3(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    completions = [ids("4"), ids("<think>2+2 is 4</think>4"), ids("5"), ids("<think>still thinking")]
+    off = {"enable_thinking": False}
+    assert qwen3.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **off).endswith("</think>\n\n")
+
+    thinking_off = thinking_answer_reward(qwen3, chat_template_kwargs=off)
+    # The prompt closed the think block: the whole completion is the answer (a second block is still skipped).
+    assert thinking_off(completion_ids=completions, answer=["4"] * 4, prompts=[prompt] * 4) == [1.0, 1.0, 0.0, 0.0]
+    thinking_on = thinking_answer_reward(qwen3, unclosed_reward=-1.0)
+    assert thinking_on(completion_ids=completions, answer=["4"] * 4, prompts=[prompt] * 4) == [-1.0, 1.0, -1.0, -1.0]
+    # Plain prompts are read as written; the CLI passes the config's chat_template_kwargs on.
+    assert thinking_on(completion_ids=completions[:1], answer=["4"], prompts=["2+2=<think></think>"]) == [1.0]
+    from_cli = resolve_reward_func("thinking_answer_reward", qwen3, off)
+    assert from_cli(completion_ids=completions[:1], answer=["4"], prompts=[prompt]) == [1.0]
