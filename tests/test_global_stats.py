@@ -64,3 +64,12 @@ def test_reinforce_pp_whitens_over_the_global_batch():
     advantages = compute_advantages(local, "reinforce_pp", gather=fake_gather(torch.tensor([[-5.0, 5.0]]),
                                                                              torch.ones(1, 2)))
     torch.testing.assert_close(advantages, torch.tensor([[-1.0, 1.0]]) / (math.sqrt(13) + 1e-8))
+
+
+def test_top_p_and_top_k_warn_that_log_probs_are_unfiltered(caplog):
+    import logging
+    with caplog.at_level(logging.WARNING, logger="rloo.config"):
+        RLOOConfig(top_p=0.9)
+        RLOOConfig()
+    messages = [r.getMessage() for r in caplog.records if "unfiltered distribution" in r.getMessage()]
+    assert len(messages) == 1 and "top_p=0.9" in messages[0]

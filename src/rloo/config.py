@@ -139,12 +139,16 @@ class RLOOConfig:
     """Most tokens sampled per completion; a completion that reaches it without EOS is truncated.
     TRL v0 called it response_length."""
     temperature: float = 1.0
-    """Sampling temperature. Log-probs in the loss and the KL are taken at the same temperature,
-    so the ratio and the KL refer to the distribution that was sampled."""
+    """Sampling temperature. Log-probs in the loss and the KL are taken at the same temperature
+    (softmax(logits / temperature)); with top_p and top_k off that is the distribution sampled."""
     top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p; 1 disables."""
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p; 1 disables.
+    Only the sampler filters: the old, reference and training log-probs come from the unfiltered
+    distribution (as in TRL), so with top_p < 1 the ratio and the KL do not refer to the distribution
+    sampled (a warning says so at construction; docs/algorithm.md)."""
     top_k: int = 0
-    """Sample only among the top_k most likely tokens; 0 disables."""
+    """Sample only among the top_k most likely tokens; 0 disables. Like top_p, only the sampler
+    filters: the trainer's log-probs come from the unfiltered distribution (docs/algorithm.md)."""
     sampler: str = "fast"
     """Sampling backend: "fast" prefills each prompt once, shares its KV cache across its K samples
     and decodes in a lean loop (rloo.decoding.FastSampler); "generate" calls Hugging Face
@@ -389,6 +393,12 @@ def _validate(c: RLOOConfig) -> None:
         # Allowed (the user's choice stands), but worth a word: E_pi[grad log pi] = 0.
         logger.warning("kl_penalty='loss' with kl_estimator='k1': the gradient of the k1 term, beta * grad log pi, "
                        "is zero in expectation on-policy, so it only adds noise. GRPO uses kl_estimator='k3'.")
+    if c.top_p < 1 or c.top_k > 0:
+        # Allowed (TRL does the same), but the user should know what the ratio and the KL refer to.
+        logger.warning("top_p=%s / top_k=%s filter only the sampling: the old, reference and training log-probs are "
+                       "taken from the unfiltered distribution at temperature %s, so the ratio and the KL do not "
+                       "refer to the distribution that was sampled (see docs/algorithm.md).", c.top_p, c.top_k,
+                       c.temperature)
     if c.normalize_rewards or c.normalize_advantages:
         require(c.completions_per_rollout >= 2,
                 f"normalize_rewards / normalize_advantages whiten over the {c.completions_per_rollout} completion(s) "
