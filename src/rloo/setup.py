@@ -19,6 +19,17 @@ from .generation import FastSampler, GenerateSampler, Sampler
 
 
 def build_accelerator(args: RLOOConfig) -> Accelerator:
+    accelerator = _accelerator(args)
+    if accelerator.gradient_accumulation_steps != args.gradient_accumulation_steps:
+        raise ValueError(
+            f"accelerate was configured with gradient_accumulation_steps={accelerator.gradient_accumulation_steps} "
+            f"(the ACCELERATE_GRADIENT_ACCUMULATION_STEPS variable, or a DeepSpeed config), but "
+            f"gradient_accumulation_steps={args.gradient_accumulation_steps} in RLOOConfig. Set them equal; the "
+            f"trainer's value decides where an optimizer step ends.")
+    return accelerator
+
+
+def _accelerator(args: RLOOConfig) -> Accelerator:
     return Accelerator(
         mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
         log_with=None if args.report_to == "none" else args.report_to,
@@ -26,6 +37,9 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
         # Our schedule counts global optimizer steps; by default accelerate would step it once
         # per process per step and decay the learning rate num_processes times too fast.
         step_scheduler_with_optimizer=False,
+        # Where an optimizer step ends: DeepSpeed reads its accumulation from here, and
+        # `update.Learner` sets `sync_gradients` per micro-batch.
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
     )
 
 
