@@ -170,3 +170,14 @@ def test_prompt_schedule_epoch_boundaries():
     assert len(set(sum(epoch0, []))) == 8  # no row twice within an epoch
     unshuffled = PromptSchedule(num_rows=10, prompts_per_process=2, num_processes=2, seed=3, shuffle=False)
     assert [unshuffled.rows(r, 1) for r in range(4)] == [[2, 3], [6, 7], [2, 3], [6, 7]]
+
+
+def test_evaluate_averages_the_raw_score_of_every_eval_prompt(tmp_path, make_model, tokenizer):
+    def prompt_length(prompts, completions, **kwargs):
+        return [float(len(p)) for p in prompts]
+
+    eval_rows = [{"prompt": "1" * n} for n in (1, 2, 3, 4, 5)]  # 5 rows: the last batch holds one prompt
+    trainer = RLOOTrainer(make_model(), prompt_length, args=_config(tmp_path, normalize_rewards=True),
+                          train_dataset=Dataset.from_list(ROWS), eval_dataset=Dataset.from_list(eval_rows),
+                          processing_class=tokenizer)
+    assert trainer.evaluate() == {"eval/reward": pytest.approx(3.0)}  # raw scores, before normalisation

@@ -215,7 +215,9 @@ class RLOOTrainer:
         indices = list(range(acc.process_index, len(self.eval_dataset), acc.num_processes))
         was_training = self.model.training
         for start in range(0, len(indices), per_step):
-            rollout, _ = self.collect(select_rows(self.eval_dataset, indices[start : start + per_step]))
+            # Per-process statistics: processes may hold different numbers of eval rows.
+            rollout, _ = self.collector.collect(select_rows(self.eval_dataset, indices[start : start + per_step]),
+                                                self.global_step, self.episode, global_stats=False)
             totals += torch.stack([rollout.raw_scores.sum(),
                                    torch.tensor(float(rollout.raw_scores.numel()), device=acc.device)])
         self.model.train(was_training)
