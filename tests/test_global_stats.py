@@ -73,3 +73,11 @@ def test_top_p_and_top_k_warn_that_log_probs_are_unfiltered(caplog):
         RLOOConfig()
     messages = [r.getMessage() for r in caplog.records if "unfiltered distribution" in r.getMessage()]
     assert len(messages) == 1 and "top_p=0.9" in messages[0]
+
+
+def test_cli_takes_the_clip_range_as_a_yaml_pair_or_a_float_flag(tmp_path):
+    from rloo.cli import parse_train_args
+    path = tmp_path / "config.yaml"
+    path.write_text("reward_clip_range: [-1.0, 2.0]\nmodel_name_or_path: m\ndataset_name: d\n")
+    assert parse_train_args(["--config", str(path)])[1].reward_clip_range == [-1.0, 2.0]
+    assert parse_train_args(["--config", str(path), "--reward_clip_range", "0.5"])[1].reward_clip_range == 0.5
