@@ -173,13 +173,15 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ScriptArguments, RLOOConfig, 
 REWARD_MODEL_PREFIX = "model:"
 
 
-def resolve_reward_func(spec: str, tokenizer: Any = None) -> Callable | str:
+def resolve_reward_func(spec: str, tokenizer: Any = None,
+                        chat_template_kwargs: dict[str, Any] | None = None) -> Callable | str:
     """One --reward_funcs entry as a reward function, or as a reward model's path for the trainer to load.
 
     Accepted forms:
       exact_match                          a built-in (rloo.rewards.BUILTIN_REWARDS)
       length_penalty:target_length=128     a built-in factory with arguments (values parsed as YAML);
-                                           a factory's `tokenizer` argument gets `tokenizer`
+                                           a factory's `tokenizer` argument gets `tokenizer`, its
+                                           `chat_template_kwargs` the config's
       model:path/or/id                     a reward model (AutoModelForSequenceClassification, num_labels=1);
                                            a local directory holding config.json needs no prefix
       package.module:function              a function in an importable module
@@ -197,7 +199,7 @@ def resolve_reward_func(spec: str, tokenizer: Any = None) -> Callable | str:
         return TRL_REWARDS[spec]
     name, _, arguments = spec.partition(":")
     if name in BUILTIN_REWARD_FACTORIES:
-        return _build_factory_reward(name, arguments, tokenizer)
+        return _build_factory_reward(name, arguments, tokenizer, chat_template_kwargs)
     if spec.startswith(REWARD_MODEL_PREFIX):
         return spec[len(REWARD_MODEL_PREFIX):]
     if (Path(spec) / "config.json").is_file():
@@ -224,7 +226,8 @@ def resolve_reward_func(spec: str, tokenizer: Any = None) -> Callable | str:
     return getattr(module, func_name)
 
 
-def _build_factory_reward(name: str, arguments: str, tokenizer: Any) -> Callable:
+def _build_factory_reward(name: str, arguments: str, tokenizer: Any,
+                          chat_template_kwargs: dict[str, Any] | None = None) -> Callable:
     """`length_penalty:target_length=128,scale=64` -> length_penalty(target_length=128, scale=64)."""
     import inspect
 
@@ -239,6 +242,8 @@ def _build_factory_reward(name: str, arguments: str, tokenizer: Any) -> Callable
         kwargs[key.strip()] = yaml.safe_load(value)
     if "tokenizer" in inspect.signature(factory).parameters:
         kwargs["tokenizer"] = tokenizer
+    if "chat_template_kwargs" in inspect.signature(factory).parameters and chat_template_kwargs:
+        kwargs.setdefault("chat_template_kwargs", chat_template_kwargs)  # render prompts as the policy sees them
     try:
         inspect.signature(factory).bind(**kwargs)
     except TypeError as error:
@@ -273,7 +278,7 @@ def run_train(argv: Sequence[str]) -> None:
         **({"trust_remote_code": True} if config.trust_remote_code else {}))
     trainer = RLOOTrainer(
         model=script.model_name_or_path,
-        reward_funcs=[resolve_reward_func(spec, tokenizer) for spec in script.reward_funcs],
+        reward_funcs=[resolve_reward_func(spec, tokenizer, config.chat_template_kwargs) for spec in script.reward_funcs],
         args=config,
         processing_class=tokenizer,
         train_dataset=train_dataset,

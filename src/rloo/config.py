@@ -146,12 +146,16 @@ class RLOOConfig:
     """Most tokens sampled per completion; a completion that reaches it without EOS is truncated.
     TRL v0 called it response_length."""
     temperature: float = 1.0
-    """Sampling temperature. Log-probs in the loss and the KL are taken at the same temperature,
-    so the ratio and the KL refer to the distribution that was sampled."""
+    """Sampling temperature. Log-probs in the loss and the KL are taken at the same temperature
+    (softmax(logits / temperature)); with top_p and top_k off that is the distribution sampled."""
     top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p; 1 disables."""
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p; 1 disables.
+    Only the sampler filters: the old, reference and training log-probs come from the unfiltered
+    distribution (as in TRL), so with top_p < 1 the ratio and the KL do not refer to the distribution
+    sampled (a warning says so at construction; docs/algorithm.md)."""
     top_k: int = 0
-    """Sample only among the top_k most likely tokens; 0 disables."""
+    """Sample only among the top_k most likely tokens; 0 disables. Like top_p, only the sampler
+    filters: the trainer's log-probs come from the unfiltered distribution (docs/algorithm.md)."""
     sampler: str = "fast"
     """Sampling backend: "fast" prefills each prompt once, shares its KV cache across its K samples
     and decodes in a lean loop (rloo.decoding.FastSampler); "generate" calls Hugging Face
@@ -208,11 +212,14 @@ class RLOOConfig:
     """Subtracted from the score of every completion that ended neither with EOS, a stop token nor a
     stop string (it hit max_completion_length). None disables."""
     normalize_rewards: bool = False
-    """Z-score the scores over the process's rollout, (s - mean) / (std + 1e-8), before the KL and the baseline."""
-    reward_clip_range: float | None = None
-    """Clip the scores (after normalize_rewards) to [-reward_clip_range, reward_clip_range]. None disables."""
+    """Z-score the scores over the global rollout (all processes), (s - mean) / (std + 1e-8), before the KL
+    and the baseline. With a single scored sample the score is only centred (no spread to scale by)."""
+    reward_clip_range: float | tuple[float, float] | None = None
+    """Clip the scores (after normalize_rewards): a float c clips to [-c, c] (TRL v0's form), a pair
+    (low, high) to [low, high] (TRL v1's form; a YAML list of two works too). None disables."""
     normalize_advantages: bool = False
-    """Whiten the advantages over the process's rollout, (A - mean) / (std + 1e-8), after the estimator."""
+    """Whiten the advantages over the global rollout (all processes), (A - mean) / (std + 1e-8), after the
+    estimator."""
     mask_truncated_completions: bool = False
     """Give completions that hit max_completion_length without ending zero weight in the loss; they
     also leave the loss denominators. Their rewards still enter the baselines."""
@@ -423,8 +430,9 @@ def _validate(c: RLOOConfig) -> None:
     require(c.entropy_coef >= 0, f"entropy_coef must be >= 0 (a bonus; 0 disables), got {c.entropy_coef!r}.")
     require(c.missing_eos_penalty is None or c.missing_eos_penalty >= 0,
             f"missing_eos_penalty must be >= 0 (it is subtracted from the score) or unset, got {c.missing_eos_penalty!r}.")
-    require(c.reward_clip_range is None or c.reward_clip_range > 0,
-            f"reward_clip_range must be > 0 or unset, got {c.reward_clip_range!r}.")
+    require(_valid_clip_range(c.reward_clip_range),
+            f"reward_clip_range must be a number > 0, a pair (low, high) with low < high, or unset; "
+            f"got {c.reward_clip_range!r}.")
     require(c.stop_strings is None or (len(c.stop_strings) > 0 and all(isinstance(t, str) and t for t in c.stop_strings)),
             f"stop_strings must be a non-empty list of non-empty strings or unset, got {c.stop_strings!r}.")
     require(c.stop_token_ids is None or (len(c.stop_token_ids) > 0 and all(
@@ -440,6 +448,12 @@ def _validate(c: RLOOConfig) -> None:
         # Allowed (the user's choice stands), but worth a word: E_pi[grad log pi] = 0.
         logger.warning("kl_penalty='loss' with kl_estimator='k1': the gradient of the k1 term, beta * grad log pi, "
                        "is zero in expectation on-policy, so it only adds noise. GRPO uses kl_estimator='k3'.")
+    if c.top_p < 1 or c.top_k > 0:
+        # Allowed (TRL does the same), but the user should know what the ratio and the KL refer to.
+        logger.warning("top_p=%s / top_k=%s filter only the sampling: the old, reference and training log-probs are "
+                       "taken from the unfiltered distribution at temperature %s, so the ratio and the KL do not "
+                       "refer to the distribution that was sampled (see docs/algorithm.md).", c.top_p, c.top_k,
+                       c.temperature)
     if c.normalize_rewards or c.normalize_advantages:
         require(c.completions_per_rollout >= 2,
                 f"normalize_rewards / normalize_advantages whiten over the {c.completions_per_rollout} completion(s) "
@@ -512,3 +526,12 @@ def field_docs(cls: type = RLOOConfig) -> dict[str, str]:
 
 
 __all__ = ["RLOOConfig", "ConfigError", "ALIASES", "field_docs", "resolve_aliases"]
+
+
+def _valid_clip_range(value: Any) -> bool:
+    """reward_clip_range: None, a number > 0 (TRL v0), or a (low, high) pair with low < high (TRL v1)."""
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+    if value is None or (number(value) and value > 0):
+        return True
+    return (isinstance(value, (tuple, list)) and len(value) == 2 and all(number(v) for v in value)
+            and value[0] < value[1])

@@ -114,9 +114,16 @@ class RolloutCollector:
     trainer_state: Any = None  # what reward functions get as `trainer_state`; the trainer sets its TrainerState
 
     @torch.no_grad()
-    def collect(self, rows: list[dict[str, Any]], global_step: int = 0, episode: int = 0) -> tuple[Rollout, Samples]:
-        """Steps 1-4 on one process's rows; `global_step` and `episode` reach reward functions as `trainer_state`."""
+    def collect(self, rows: list[dict[str, Any]], global_step: int = 0, episode: int = 0,
+                global_stats: bool = True) -> tuple[Rollout, Samples]:
+        """Steps 1-4 on one process's rows; `global_step` and `episode` reach reward functions as `trainer_state`.
+
+        With `global_stats`, whitening (normalize_rewards, normalize_advantages, reinforce_pp) uses the
+        statistics of every process's rows: all processes must then call `collect` together with the
+        same number of rows (training does; evaluation, whose processes may hold different counts, does not).
+        """
         args, k = self.args, self.args.num_generations
+        gather = self.accelerator.gather if global_stats else None
         prompts = [row["prompt"] for row in rows]
 
         # 1. Sample K completions of each prompt (groups contiguous: row p*K + k), cut at stop strings.
@@ -136,7 +143,7 @@ class RolloutCollector:
         raw_scores = scored.scores.to(sampled.completion_ids.device)  # (B,)
         valid = scored.valid.to(raw_scores.device)  # (B,) False where no reward function applied
         scores = shape_scores(raw_scores, sampled.has_eos, args.missing_eos_penalty, args.normalize_rewards,
-                              args.reward_clip_range, valid)  # (B,)
+                              args.reward_clip_range, valid, gather=gather)  # (B,) global stats
 
         # 3. Fold the KL into the reward before the baseline (kl_penalty "sequence" and "token").
         mask = sampled.completion_mask
@@ -152,9 +159,11 @@ class RolloutCollector:
         rewards = scores if args.kl_penalty == "loss" else kl_penalized_reward(scores, seq_kl, args.beta)  # (B,)
 
         # 4. Advantages within each group of K (unscored completions sit out), optionally whitened.
-        advantages = compute_advantages(rewards.view(-1, k), args.advantage_estimator, valid.view(-1, k)).view(-1)  # (B,)
+        # Whitening (reinforce_pp, normalize_advantages) uses the global batch's mean and std.
+        advantages = compute_advantages(rewards.view(-1, k), args.advantage_estimator, valid.view(-1, k),
+                                        gather=gather).view(-1)  # (B,)
         if args.normalize_advantages:
-            advantages = whiten(advantages, valid)
+            advantages = whiten(advantages, valid, gather=gather)
         token_advantages = None
         if args.kl_penalty == "token" and args.beta > 0:  # each token's return counts only the KL after it
             token_advantages = token_kl_advantages(advantages, token_kls, mask, args.beta)  # (B, C)

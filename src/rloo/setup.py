@@ -23,13 +23,26 @@ from .launch import check_launch
 
 
 def build_accelerator(args: RLOOConfig) -> Accelerator:
-    """The accelerator; refuses a launch whose processes accelerate did not connect (`launch.check_launch`)."""
+    """The accelerator; refuses a launch whose processes accelerate did not connect (`launch.check_launch`)
+    and an accelerate accumulation setting that disagrees with the config's."""
+    accelerator = _accelerator(args)
+    if accelerator.gradient_accumulation_steps != args.gradient_accumulation_steps:
+        raise ValueError(
+            f"accelerate was configured with gradient_accumulation_steps={accelerator.gradient_accumulation_steps} "
+            f"(the ACCELERATE_GRADIENT_ACCUMULATION_STEPS variable, or a DeepSpeed config), but "
+            f"gradient_accumulation_steps={args.gradient_accumulation_steps} in RLOOConfig. Set them equal; the "
+            f"trainer's value decides where an optimizer step ends.")
+    check_launch(accelerator.num_processes)
+    return accelerator
+
+
+def _accelerator(args: RLOOConfig) -> Accelerator:
     mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
     # A second trainer in one process (a notebook) may ask for other precision; accelerate keeps one
     # process-wide state and would refuse. The precision part is reset; processes and devices stay.
     if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
         AcceleratorState._reset_state(reset_partial_state=False)
-    accelerator = Accelerator(
+    return Accelerator(
         cpu=args.use_cpu,
         mixed_precision=mixed_precision,
         log_with=resolve_report_to(args.report_to) or None,
@@ -37,9 +50,10 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
         # Our schedule counts global optimizer steps; by default accelerate would step it once
         # per process per step and decay the learning rate num_processes times too fast.
         step_scheduler_with_optimizer=False,
+        # Where an optimizer step ends: DeepSpeed reads its accumulation from here, and
+        # `update.Learner` sets `sync_gradients` per micro-batch.
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
     )
-    check_launch(accelerator.num_processes)
-    return accelerator
 
 
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:
@@ -127,11 +141,22 @@ def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -
     return rollouts, rollouts * per_rollout
 
 
-def default_sampler(args: RLOOConfig, tokenizer: Any) -> Sampler:
-    """The sampler `args.sampler` names, stopping at EOS and `stop_token_ids`."""
+def checkpoint_end_ids(model: torch.nn.Module | None) -> list[int]:
+    """The end-of-turn ids a checkpoint declares in `generation_config.eos_token_id` (an int or a
+    list), which `generate` stops at: Gemma's <end_of_turn>, Llama 3's <|eot_id|> and <|eom_id|>."""
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if declared is None:
+        return []
+    return [int(declared)] if isinstance(declared, int) else [int(i) for i in declared]
+
+
+def default_sampler(args: RLOOConfig, tokenizer: Any, model: torch.nn.Module | None = None) -> Sampler:
+    """The sampler `args.sampler` names, stopping at EOS, the end ids `model.generation_config`
+    declares, and `stop_token_ids`."""
+    end_ids = [tokenizer.eos_token_id, *checkpoint_end_ids(model), *(args.stop_token_ids or [])]
     common = dict(
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=[tokenizer.eos_token_id, *(args.stop_token_ids or [])],
+        eos_token_ids=list(dict.fromkeys(end_ids)),  # duplicates dropped, order kept
         max_new_tokens=args.max_completion_length,
         temperature=args.temperature,
         top_p=args.top_p,

@@ -58,7 +58,8 @@ class RLOOTrainer:
         reward_processing_classes: the reward models' tokenizers: one, or a list aligned with
             `reward_funcs` (None for plain functions); loaded from each reward model when None.
         sampler: how completions are generated (`generation.base.Sampler`); by default the one
-            `args.sampler` names, stopping at the tokenizer's EOS and `args.stop_token_ids`.
+            `args.sampler` names, stopping at the tokenizer's EOS, the model's
+            `generation_config.eos_token_id` and `args.stop_token_ids`.
         callbacks, optimizers, quantization_config: as in TRL (see `trainer_api`): transformers
             TrainerCallbacks, an (optimizer, scheduler) pair replacing the built ones (either may be None),
             and a quantization config passed to from_pretrained when the model is given by name.
@@ -131,7 +132,9 @@ class RLOOTrainer:
         if len(self.reward_weights) != num_funcs:
             raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {num_funcs} reward functions.")
 
-        self.sampler = sampler if sampler is not None else setup.default_sampler(args, self.tokenizer)
+        if sampler is None:  # stops at the end ids the checkpoint's generation config declares, too
+            sampler = setup.default_sampler(args, self.tokenizer, acc.unwrap_model(self.model))
+        self.sampler = sampler
         self.collector = RolloutCollector(args, acc, self.model, self.reference,
                                           self.tokenizer, self.sampler, self.reward_functions, self.reward_weights)
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)

@@ -65,6 +65,8 @@ class Learner:
         """Backward over one optimizer step's rows in gradient_accumulation_steps micro-batches.
 
         DDP averages gradients over processes, so each process divides by global count / processes.
+        accelerate is told where the step ends (`sync_gradients` False on all but the last
+        micro-batch), so every backend syncs once and DeepSpeed steps its engine once per step.
         """
         args, acc = self.args, self.accelerator
         size = args.per_device_train_batch_size
@@ -73,13 +75,21 @@ class Learner:
         for index in range(args.gradient_accumulation_steps):
             micro = mini_batch.micro_batch(index * size, size)
             is_last = index == args.gradient_accumulation_steps - 1
+            acc.gradient_state._set_sync_gradients(is_last)
             with contextlib.nullcontext() if is_last else acc.no_sync(self.model):
                 numerators, stats = self.micro_batch_loss(micro)
-                acc.backward(numerators.sum() / denominator)
+                # accelerate (or DeepSpeed's engine) divides by gradient_accumulation_steps; our
+                # denominator already covers the whole step, so that division is undone here.
+                acc.backward(numerators.sum() / denominator * acc.gradient_accumulation_steps)
             totals["loss"] += numerators.detach().sum().item()
             for name, value in stats.items():
                 totals[name] += value
-        return step_metrics(totals, float(denominator), with_kl_loss=args.kl_penalty == "loss" and args.beta > 0)
+        # Metrics of the global step: sums over every process, over the global denominator.
+        names = list(totals)
+        summed = acc.reduce(torch.tensor([totals[n] for n in names], dtype=torch.float32, device=acc.device), "sum")
+        totals = dict(zip(names, summed.tolist()))
+        return step_metrics(totals, float(denominator) * acc.num_processes,
+                            with_kl_loss=args.kl_penalty == "loss" and args.beta > 0)
 
     def loss_denominator(self, mini_batch: Rollout) -> torch.Tensor:
         """This process's share of the step's denominator: the global count / number of processes."""

@@ -24,6 +24,8 @@ with no other valid sample in its group gets advantage 0 (there is nothing to co
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 ADVANTAGE_ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")
@@ -52,16 +54,21 @@ def _group_mean(rewards: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tenso
     return total / count.clamp(min=1), count
 
 
-def whiten(values: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+def whiten(values: torch.Tensor, valid: torch.Tensor | None = None,
+           gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """(x - mean) / (std + 1e-8) over the valid entries of any-shaped `values`; invalid entries -> 0.
 
-    The std is the population one (divides by n), as in OpenRLHF's masked whitening.
+    The std is the population one (divides by n), as in OpenRLHF's masked whitening. With `gather`
+    (`accelerator.gather`: concatenates a tensor over processes) the mean and std are those of the
+    global batch, as TRL v1 whitens; each process keeps its own entries, whitened by them.
     """
     valid = torch.ones_like(values, dtype=torch.bool) if valid is None else valid.bool()
     values = torch.where(valid, values, torch.zeros_like(values))
-    n = valid.sum().to(values.dtype).clamp(min=1)
-    mean = (values * valid).sum() / n
-    std = ((((values - mean) * valid) ** 2).sum() / n).sqrt()
+    weights = valid.to(values.dtype)
+    all_values, all_weights = (gather(values), gather(weights)) if gather else (values, weights)
+    n = all_weights.sum().clamp(min=1)
+    mean = (all_values * all_weights).sum() / n
+    std = ((((all_values - mean) * all_weights) ** 2).sum() / n).sqrt()
     return torch.where(valid, (values - mean) / (std + WHITEN_EPS), torch.zeros_like(values))
 
 
@@ -99,7 +106,8 @@ def leave_one_out_advantages(rewards: torch.Tensor, valid: torch.Tensor | None =
     return masked_leave_one_out_advantages(rewards, valid)
 
 
-def compute_advantages(rewards: torch.Tensor, estimator: str = "rloo", valid: torch.Tensor | None = None) -> torch.Tensor:
+def compute_advantages(rewards: torch.Tensor, estimator: str = "rloo", valid: torch.Tensor | None = None,
+                       gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Advantages of grouped rewards under one of `ADVANTAGE_ESTIMATORS` (see the module table).
 
     Args:
@@ -107,6 +115,7 @@ def compute_advantages(rewards: torch.Tensor, estimator: str = "rloo", valid: to
         estimator: "rloo", "grpo", "drgrpo", "reinforce" or "reinforce_pp".
         valid: (P, K) bool, True where the reward is real; None means all valid. Invalid samples get
             advantage 0 and are left out of every mean and std.
+        gather: for reinforce_pp, whiten over the global batch (see `whiten`).
 
     Returns:
         (P, K) advantages.
@@ -125,5 +134,5 @@ def compute_advantages(rewards: torch.Tensor, estimator: str = "rloo", valid: to
         std = ((centered ** 2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()  # (P, 1), unbiased
         return torch.where(valid & (count >= 2), centered / (std + GRPO_STD_EPS), zeros)
     if estimator == "reinforce_pp":
-        return whiten(centered, valid & (count >= 2))
+        return whiten(centered, valid & (count >= 2), gather)
     raise ValueError(f"unknown advantage estimator {estimator!r}; choose one of {ADVANTAGE_ESTIMATORS}")

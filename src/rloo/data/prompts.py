@@ -14,6 +14,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+# Keyword arguments the trainer passes to reward functions; a dataset column may not reuse them.
+RESERVED_REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
+
 
 def is_conversational(prompt: Any) -> bool:
     """Whether `prompt` is a list of {"role", "content"} messages."""
@@ -36,10 +39,16 @@ def as_completions(prompts: list, texts: list[str]) -> list:
 
 
 def check_prompt_dataset(dataset: Any, name: str) -> None:
-    """Fail early on a dataset the trainer cannot use: empty, no prompt column, or a malformed prompt."""
+    """Fail early on a dataset the trainer cannot use: empty, no prompt column, a column named like an
+    argument the trainer passes to reward functions, or a malformed prompt."""
     if "prompt" not in dataset.column_names:
         raise ValueError(f"{name} has no 'prompt' column (columns: {dataset.column_names}); rename your prompt "
                          f"column to 'prompt'.")
+    reserved = [column for column in RESERVED_REWARD_ARGUMENTS if column in dataset.column_names]
+    if reserved:
+        raise ValueError(f"{name} has a column named {reserved[0]!r}, a name the trainer itself passes to reward "
+                         f"functions (reserved: {', '.join(RESERVED_REWARD_ARGUMENTS)}); it would be silently replaced. "
+                         f"Rename the column, e.g. dataset.rename_column({reserved[0]!r}, 'reference_{reserved[0]}').")
     if len(dataset) == 0:
         raise ValueError(f"{name} is empty.")
     for index, prompt in enumerate(dataset["prompt"]):
@@ -50,14 +59,31 @@ def check_prompt_dataset(dataset: Any, name: str) -> None:
 
 def tokenize_prompts(prompts: list, tokenizer: Any, max_length: int,
                      chat_template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
-    """Token ids of each rendered prompt, keeping the last `max_length` (the question is usually at the end)."""
+    """Token ids of each rendered prompt, keeping the last `max_length` (the question is usually at the end).
+
+    Standard prompts get the tokenizer's default special tokens (e.g. BOS); chat-templated ones get none added.
+    """
     return [ids[-max_length:] for ids in _rendered_token_ids(prompts, tokenizer, chat_template_kwargs)]
 
 
 def _rendered_token_ids(prompts: list, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> list[list[int]]:
-    """Untruncated token ids of each prompt as the policy sees it (chat template applied, no special tokens added)."""
+    """Untruncated token ids of each prompt as the policy sees it.
+
+    A standard (string) prompt is tokenized as the tokenizer does by default, special tokens
+    included, as TRL does: Llama, Mistral and Gemma prompts keep their BOS. A conversational
+    prompt is rendered by the chat template, which writes its own BOS, so nothing is added to it
+    (adding would give two).
+    """
     texts = [render_prompt(p, tokenizer, chat_template_kwargs) for p in prompts]
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    chat = [is_conversational(p) for p in prompts]
+    ids: list[list[int]] = [[] for _ in prompts]
+    for templated in (False, True):
+        rows = [i for i, flag in enumerate(chat) if flag == templated]
+        if rows:
+            encoded = tokenizer([texts[i] for i in rows], add_special_tokens=not templated)["input_ids"]
+            for i, row_ids in zip(rows, encoded):
+                ids[i] = row_ids
+    return ids
 
 
 def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: int, policy: str,

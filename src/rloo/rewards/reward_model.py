@@ -69,15 +69,21 @@ class RewardModel:
                 texts.append(prompt + completion)
         return texts
 
+    def encode(self, texts: list[str], prompts: list) -> Any:
+        """Right-padded ids of `texts`: a plain text gets the tokenizer's default special tokens (its BOS),
+        a chat-templated one none (the template wrote them; adding would double the BOS)."""
+        ids = [self.tokenizer(text, add_special_tokens=not is_conversational(prompt))["input_ids"]
+               for text, prompt in zip(texts, prompts)]
+        return self.tokenizer.pad({"input_ids": ids}, return_tensors="pt", padding=True, padding_side="right")
+
     @torch.no_grad()
     def __call__(self, prompts: list, completions: list) -> list[float]:
         texts = self.texts(prompts, completions)
         device = next(self.model.parameters()).device
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
-            # Right padding and no added special tokens, as TRL scores: the chat template has them.
-            batch = self.tokenizer(texts[start : start + self.batch_size], return_tensors="pt", padding=True,
-                                   padding_side="right", add_special_tokens=False).to(device)
+            batch = self.encode(texts[start : start + self.batch_size], prompts[start : start + self.batch_size])
+            batch = batch.to(device)
             logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             scores.extend(logits[:, 0].float().tolist())
         return scores
