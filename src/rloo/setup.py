@@ -13,6 +13,7 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
 
+from . import loading
 from .config import RLOOConfig
 from .data.schedule import PromptSchedule
 from .generation import FastSampler, GenerateSampler, Sampler
@@ -20,13 +21,20 @@ from .generation import FastSampler, GenerateSampler, Sampler
 
 def build_accelerator(args: RLOOConfig) -> Accelerator:
     return Accelerator(
-        mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
+        mixed_precision="bf16" if use_bf16(args) else "fp16" if args.fp16 else "no",
         log_with=None if args.report_to == "none" else args.report_to,
         project_dir=args.output_dir,
         # Our schedule counts global optimizer steps; by default accelerate would step it once
         # per process per step and decay the learning rate num_processes times too fast.
         step_scheduler_with_optimizer=False,
     )
+
+
+def use_bf16(args: RLOOConfig) -> bool:
+    """args.bf16, or when it is None (auto): on where CUDA computes bf16 natively, and never with fp16."""
+    if args.bf16 is not None:
+        return args.bf16
+    return not args.fp16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel) -> Any:
@@ -43,7 +51,12 @@ def load_tokenizer(processing_class: Any, model: str | PreTrainedModel) -> Any:
 
 def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig) -> torch.nn.Module:
     """The trained model: loaded by name or taken as given, wrapped with LoRA adapters when asked."""
-    policy = AutoModelForCausalLM.from_pretrained(model) if isinstance(model, str) else model
+    if isinstance(model, str):
+        policy = AutoModelForCausalLM.from_pretrained(model, **loading.model_init_kwargs(args))
+    else:
+        policy = model
+    if loading.is_quantized(policy):
+        policy = loading.prepare_quantized(policy, peft_config, args)
     if peft_config is not None:
         from peft import get_peft_model
 
@@ -53,7 +66,8 @@ def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
     if args.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        # Non-reentrant: works with frozen inputs (LoRA) and with the tiled LM-head's custom backward.
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.config.use_cache = False
     return policy
 
