@@ -70,7 +70,7 @@ def rss_bytes() -> int:
 
 
 class RSSWatch:
-    """Samples the RSS every 2 ms in a thread; stops the process (one JSON line) past the budget."""
+    """Samples the RSS every 10 ms in a thread; stops the process (one JSON line) past the budget."""
 
     def __init__(self, budget: int, report: dict):
         self.budget, self.report, self.peak, self.running = budget, report, 0, True
@@ -83,7 +83,7 @@ class RSSWatch:
             if rss > self.budget:
                 print(json.dumps({**self.report, "over_budget": True, "rss_mb": rss / 2**20}), flush=True)
                 os._exit(0)
-            time.sleep(0.002)
+            time.sleep(0.01)
 
 
 def shared_hyperparameters(length: int, beta: float, steps: int, output_dir: str) -> dict:

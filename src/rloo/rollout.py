@@ -130,7 +130,9 @@ class RolloutCollector:
         old_logps = ref_logps = None
         token_kls = torch.zeros_like(mask, dtype=torch.float32)  # (B, C)
         if args.beta > 0 or args.steps_per_rollout > 1:
-            old_logps = self.logprobs(self.accelerator.unwrap_model(self.model), sampled)
+            old_logps = self.trusted_sampler_logprobs(sampled)
+            if old_logps is None:  # the extra no-grad policy pass
+                old_logps = self.logprobs(self.accelerator.unwrap_model(self.model), sampled)
         if args.beta > 0:
             with self.reference_model() as reference:
                 ref_logps = self.logprobs(reference, sampled)
@@ -177,6 +179,17 @@ class RolloutCollector:
                 lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                 args.stop_strings, self.tokenizer.pad_token_id)
         return sampled
+
+    def trusted_sampler_logprobs(self, sampled: SampledBatch) -> torch.Tensor | None:
+        """The sampler's (B, C) log-probs when they can stand in for the no-grad policy pass: the
+        sampler returned them, num_iterations == 1, and everything runs in fp32 (no autocast), where
+        they match the training pass's to ~1e-6. Under bf16/fp16 sampling they can differ by more
+        than the clipping range, so the pass is kept there (docs/algorithm.md)."""
+        if sampled.logprobs is None or self.args.num_iterations != 1 or self.accelerator.mixed_precision != "no":
+            return None
+        if any(p.dtype != torch.float32 for p in self.accelerator.unwrap_model(self.model).parameters()):
+            return None
+        return sampled.logprobs[:, : sampled.completion_ids.shape[1]].float()
 
     @contextlib.contextmanager
     def reference_model(self) -> Iterator[torch.nn.Module]:
