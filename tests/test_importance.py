@@ -67,6 +67,7 @@ class ShiftedLogprobSampler:
         mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
         logps, _ = completion_logprobs(model, ids, mask, batch.completion_ids.shape[1], 1.0)
         batch.logprobs = (logps + self.shift) * batch.completion_mask
+        batch.logprobs_from_policy = False  # another engine's numbers, to be checked against the trainer's
         return batch
 
 

@@ -105,7 +105,16 @@ def test_one_iteration_without_kl_runs_no_extra_forward(tmp_path, make_model, to
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     assert trainer.reference is not None
     trainer.train()
-    assert calls == [False, False, False, False, True, True]  # policy and reference no-grad, then training
+    # fp32, one iteration: the sampler's log-probs stand in for the policy's no-grad pass, so only the
+    # reference's no-grad pass (two micro-batches) runs before training.
+    assert calls == [False, False, True, True]
+
+    calls.clear()
+    args = _config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=2, beta=0.1,
+                   num_iterations=2)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.train()
+    assert calls == [False, False, False, False, True, True, True, True]  # policy and reference no-grad, then training
 
 
 def test_kl_starts_at_zero_and_is_folded_into_rewards(tmp_path, make_model, tokenizer, digit_dataset):

@@ -245,7 +245,7 @@ def test_other_value_is_honoured_or_refused_by_name(name):
     ({"generation_kwargs": {"top_k": 5, "max_new_tokens": 12}}, {"top_k": 5, "max_completion_length": 12}),
     ({"train_sampling_strategy": "sequential"}, {"shuffle_dataset": False}),
     ({"output_dir": None}, {"output_dir": "outputs/rloo"}),
-    ({"bf16": None}, {"bf16": False}),
+    ({"bf16": None}, {"bf16": None}),  # auto, as in TRL: bf16 where CUDA supports it
     ({"normalize_reward": True}, {"normalize_rewards": True}),
     ({"token_level_kl": True}, {"kl_penalty": "token"}),
     ({"stop_token_id": 7}, {"stop_token_ids": [7]}),
@@ -323,7 +323,9 @@ def test_model_init_kwargs_are_resolved_for_from_pretrained(tmp_path, make_model
     with pytest.raises(TRLFieldError, match="loaded model"):
         model_init_kwargs(args, model_is_loaded=True)
     with pytest.raises(TRLFieldError, match="not a torch dtype"):
-        model_init_kwargs(RLOOConfig(model_init_kwargs={"dtype": "bf16"}), model_is_loaded=False)
+        model_init_kwargs(RLOOConfig(model_init_kwargs={"torch_dtype": "bf16"}), model_is_loaded=False)
+    with pytest.raises(ConfigError, match=r"model_init_kwargs\['dtype'\]"):  # refused at construction
+        RLOOConfig(model_init_kwargs={"dtype": "bf16"})
     model_dir = tmp_path / "model"
     make_model().save_pretrained(model_dir)
     args = RLOOConfig(output_dir=str(tmp_path / "run"), model_init_kwargs={"dtype": "bfloat16"}, max_steps=1,

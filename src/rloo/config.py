@@ -63,6 +63,9 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
 class ConfigError(ValueError):
     """A config value is invalid. The message names the field(s) and how to fix them."""
 
@@ -72,6 +75,13 @@ class RLOOConfig:
     """Hyper-parameters of an RLOO run. See the module docstring for how batch sizes count."""
 
     # --- where and how to run ---
+    # Loading models given by name (policy, reference, reward models); see rloo/loading.py.
+    model_init_kwargs: dict[str, Any] | None = None
+    """Keyword arguments for `from_pretrained` of every model given by name, as TRL names them:
+    dtype ("auto", "bfloat16", "float16", "float32"; default "auto": the checkpoint's dtype),
+    attn_implementation, revision, trust_remote_code (default False), quantization_config (a
+    BitsAndBytesConfig or its dict, for QLoRA with a peft_config; needs a CUDA GPU). Ignored for models
+    passed already loaded."""
     output_dir: str = "outputs/rloo"
     """Directory for metrics.jsonl, checkpoints and the final model and tokenizer."""
     seed: int = 42
@@ -110,8 +120,10 @@ class RLOOConfig:
     training time come from the same function (as TRL does by default)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory at the cost of compute."""
-    bf16: bool = False
-    """Run forward and backward passes under bf16 autocast (accelerate mixed precision)."""
+    bf16: bool | None = None
+    """Run forward and backward passes under bf16 autocast (accelerate mixed precision). None (default)
+    means auto: on where a CUDA GPU supports bf16, off on CPU and older GPUs. An explicit value is used
+    as given."""
     fp16: bool = False
     """Run forward and backward passes under fp16 autocast with loss scaling (GPU only)."""
 
@@ -489,6 +501,11 @@ def _validate(c: RLOOConfig) -> None:
         check_report_to(c.report_to)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    require(c.model_init_kwargs is None or isinstance(c.model_init_kwargs, dict),
+            f"model_init_kwargs must be a mapping of from_pretrained arguments or unset, got {c.model_init_kwargs!r}.")
+    dtype = (c.model_init_kwargs or {}).get("dtype", "auto")
+    require(dtype in MODEL_DTYPES or not isinstance(dtype, str),
+            f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
     _validate_scale_out(c, require)
 
 

@@ -149,8 +149,12 @@ class RolloutCollector:
         mask = sampled.completion_mask
         old_logps = ref_logps = None
         token_kls = torch.zeros_like(mask, dtype=torch.float32)  # (B, C)
-        if args.beta > 0 or args.steps_per_rollout > 1 or sampled.logprobs is not None:
-            old_logps = self.logprobs(self.accelerator.unwrap_model(self.model), sampled)
+        # Log-probs from another engine are checked against the trainer's own (and corrected, TIS).
+        from_engine = sampled.logprobs is not None and not sampled.logprobs_from_policy
+        if args.beta > 0 or args.steps_per_rollout > 1 or from_engine:
+            old_logps = self.trusted_sampler_logprobs(sampled)
+            if old_logps is None:  # the extra no-grad policy pass
+                old_logps = self.logprobs(self.accelerator.unwrap_model(self.model), sampled)
         if args.beta > 0:
             with self.reference_model() as reference:
                 ref_logps = self.logprobs(reference, sampled)
@@ -185,7 +189,7 @@ class RolloutCollector:
             has_eos=sampled.has_eos,
             trained=valid & (sampled.has_eos | (not args.mask_truncated_completions)),
         )
-        if sampled.logprobs is not None:  # the sampler is another engine: measure (and correct) the mismatch
+        if from_engine:  # the sampler is another engine: measure (and correct) the mismatch
             sampler_logps = sampled.logprobs.to(old_logps.device)
             cap = args.vllm_importance_sampling_cap
             rollout.mismatch = mismatch_sums(old_logps, sampler_logps, mask, cap)
@@ -207,6 +211,18 @@ class RolloutCollector:
                 lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
                 args.stop_strings, self.tokenizer.pad_token_id)
         return sampled
+
+    def trusted_sampler_logprobs(self, sampled: SampledBatch) -> torch.Tensor | None:
+        """The sampler's (B, C) log-probs when they can stand in for the no-grad policy pass: the
+        sampler returned them, num_iterations == 1, and everything runs in fp32 (no autocast), where
+        they match the training pass's to ~1e-6. Under bf16/fp16 sampling they can differ by more
+        than the clipping range, so the pass is kept there (docs/algorithm.md)."""
+        if (not sampled.logprobs_from_policy or sampled.logprobs is None or self.args.num_iterations != 1
+                or self.accelerator.mixed_precision != "no"):
+            return None
+        if any(p.dtype != torch.float32 for p in self.accelerator.unwrap_model(self.model).parameters()):
+            return None
+        return sampled.logprobs[:, : sampled.completion_ids.shape[1]].float()
 
     @contextlib.contextmanager
     def reference_model(self) -> Iterator[torch.nn.Module]:

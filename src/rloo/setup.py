@@ -14,7 +14,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
 
-from . import trl_compat
+from . import loading, trl_compat
 from .config import RLOOConfig
 from .trackers import resolve_report_to
 from .data.schedule import PromptSchedule
@@ -37,7 +37,7 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
 
 
 def _accelerator(args: RLOOConfig) -> Accelerator:
-    mixed_precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    mixed_precision = "bf16" if use_bf16(args) else "fp16" if args.fp16 else "no"
     # A second trainer in one process (a notebook) may ask for other precision; accelerate keeps one
     # process-wide state and would refuse. The precision part is reset; processes and devices stay.
     if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
@@ -56,6 +56,13 @@ def _accelerator(args: RLOOConfig) -> Accelerator:
     )
 
 
+def use_bf16(args: RLOOConfig) -> bool:
+    """args.bf16, or when it is None (auto): on where CUDA computes bf16 natively, and never with fp16."""
+    if args.bf16 is not None:
+        return args.bf16
+    return not args.fp16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:
     """The given tokenizer, or the model's; a missing pad token becomes the EOS token."""
     tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(
@@ -72,11 +79,16 @@ def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_re
 def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig,
                 quantization_config: Any = None) -> torch.nn.Module:
     """The trained model: loaded by name or taken as given, wrapped with LoRA adapters when asked."""
-    # TRL's model_init_kwargs / trust_remote_code (dtype strings resolved), for a model given by name.
-    init_kwargs = trl_compat.model_init_kwargs(args, model_is_loaded=not isinstance(model, str))
-    if quantization_config is not None:
-        init_kwargs["quantization_config"] = quantization_config
-    policy = AutoModelForCausalLM.from_pretrained(model, **init_kwargs) if isinstance(model, str) else model
+    if isinstance(model, str):
+        init_kwargs = loading.model_init_kwargs(args)
+        if quantization_config is not None:
+            init_kwargs["quantization_config"] = quantization_config
+        policy = AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+    else:
+        trl_compat.model_init_kwargs(args, model_is_loaded=True)  # refuses kwargs that would be ignored
+        policy = model
+    if loading.is_quantized(policy):
+        policy = loading.prepare_quantized(policy, peft_config, args)
     if peft_config is not None:
         from peft import get_peft_model
 
@@ -86,7 +98,8 @@ def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
     if args.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        # Non-reentrant: works with frozen inputs (LoRA) and with the tiled LM-head's custom backward.
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.config.use_cache = False
     return policy
 

@@ -27,7 +27,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from . import checkpoint, evaluation, setup, trainer_api
+from . import checkpoint, evaluation, loading, setup, trainer_api
 from .config import RLOOConfig
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
 from .data.schedule import PromptSchedule, select_rows
@@ -123,7 +123,8 @@ class RLOOTrainer:
         self.reference = None if reference is None else acc.prepare_model(reference, evaluation_mode=True)
 
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.reward_functions = build_reward_functions(reward_funcs, reward_processing_classes, acc.device)
+        self.reward_functions = build_reward_functions(reward_funcs, reward_processing_classes, acc.device,
+                                                       loading.model_init_kwargs(args))
         available = set(TRAINER_ARGUMENTS) | (set(train_dataset.column_names) - {"prompt"})
         for fn in self.reward_functions:
             fn.check_available(available)

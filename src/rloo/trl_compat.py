@@ -222,8 +222,6 @@ TRL_FIELDS: dict[str, Answer] = {
                                     "per_device_train_batch_size and gradient_accumulation_steps"),
     "torch_empty_cache_steps": not_yet(None, "periodic cache emptying", "leave it unset"),
     # --- precision and memory ---
-    "bf16": mapped(None, "None (TRL: bf16 unless fp16) keeps rloo's default False, which suits CPUs; "
-                   "True/False honoured", _none_to_default("bf16")),
     "bf16_full_eval": refused(False, "evaluation runs under the training precision", "bf16"),
     "fp16_full_eval": refused(False, "evaluation runs under the training precision", "fp16"),
     "tf32": refused(None, "rloo leaves torch's TF32 switches alone", "torch.backends.cuda.matmul.allow_tf32 = True"),
@@ -309,8 +307,6 @@ TRL_FIELDS: dict[str, Answer] = {
     "train_sampling_strategy": mapped("random", "'sequential' sets shuffle_dataset=False", _train_sampling_strategy),
     "length_column_name": accepted("length", "no length grouping"),
     # --- TRL RLOOConfig: model ---
-    "model_init_kwargs": accepted(None, "passed to from_pretrained when the model is given by name "
-                                  "(dtype strings such as 'bfloat16' and 'auto' included)"),
     "trust_remote_code": accepted(False, "passed to from_pretrained of the model and the tokenizer"),
     "router_aux_loss_coef": not_yet(None, "the MoE router auxiliary loss", "leave it unset"),
     "pad_to_multiple_of": accepted("auto", "micro-batches trim their shared padding instead",

@@ -1,17 +1,23 @@
-"""Token log-probs and entropies of completions, computed without materialising more than needed.
+"""Token log-probs and entropies of completions, computed without materialising the logits.
 
-Only the logits that predict completion tokens are computed (`logits_to_keep`), and the
-log-softmax is taken a block of rows at a time so that a (B, T, V) fp32 copy of the logits never
-exists at once.
+The default path (`algo.lm_head`) takes the final hidden states of the completion positions (the
+LM head's input, caught by a pre-hook that hands the head an empty slice so it computes nothing)
+and pushes them through the head weight a tile of tokens at a time, forward and backward: the
+(B, C, V) logits never exist. Models whose head it cannot reach (no `get_output_embeddings()`,
+a head that is not a plain `nn.Linear`, e.g. LoRA or `modules_to_save` on lm_head, or a logit
+scale after the head) take the plain path: logits of the completion positions only
+(`logits_to_keep`), reduced a block of rows at a time.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .lm_head import tiled_head_logprobs
 
-# Rows of logits turned into fp32 together: big enough to amortise per-op overhead on small
-# vocabularies, small enough (64 MiB of fp32) that no full (B, T, V) fp32 copy is made on big ones.
+# Plain path only: logits elements turned into fp32 together, counted per whole row of the batch
+# (a row is T * V, so one chunk is at least one (T, V) row, however long; the tiled path has no
+# such floor). The fp32 copies of every chunk stay alive for backward.
 CHUNK_ELEMENTS = 1 << 24
 
 
@@ -84,6 +90,10 @@ def completion_logprobs(
     Returns:
         (B, C) fp32 log-probs of the completion tokens, and (B, C) entropies or None.
     """
+    head = reachable_head(model)
+    if head is not None:
+        return _tiled_completion_logprobs(model, head, input_ids, attention_mask, completion_length, temperature,
+                                          with_entropy, entropy_grad)
     outputs = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -100,4 +110,49 @@ def completion_logprobs(
     if with_entropy:
         with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
             entropy = entropy_from_logits(logits)
+    return logps, entropy
+
+
+def reachable_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The model's LM head if the tiled path can compute through it exactly, else None.
+
+    Works through accelerate/DDP (`.module`) and PEFT wrappers, whose attribute lookups reach the
+    base model. A head that is not exactly `nn.Linear` (LoRA or modules_to_save on lm_head, a
+    quantised head) or a logit scale applied after the head (Cohere's logit_scale, Granite's
+    logits_scaling) sends the model down the plain path.
+    """
+    inner = getattr(model, "module", model)
+    get_head = getattr(inner, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if type(head) is not torch.nn.Linear:
+        return None
+    config = getattr(inner, "config", None)
+    if getattr(config, "logit_scale", 1.0) not in (None, 1.0) or getattr(config, "logits_scaling", 1.0) not in (None, 1.0):
+        return None
+    return head
+
+
+def _tiled_completion_logprobs(model, head, input_ids, attention_mask, completion_length, temperature,
+                               with_entropy, entropy_grad):
+    """completion_logprobs through `algo.lm_head`: the model runs up to its head, which computes nothing."""
+    caught = {}
+
+    def catch_hidden(module, args):  # (B, C + 1, H) -> an empty (B, 0, H): the head builds no logits
+        caught["hidden"] = args[0]
+        return (args[0][..., :0, :],) + tuple(args[1:])
+
+    handle = head.register_forward_pre_hook(catch_hidden)
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
+              logits_to_keep=completion_length + 1, use_cache=False)
+    finally:
+        handle.remove()
+    # Position t predicts token t + 1: the last kept position predicts nothing in the completion.
+    hidden = caught["hidden"][:, -(completion_length + 1) : -1, :]  # (B, C, H)
+    config = getattr(getattr(model, "module", model), "config", None)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    logps, entropy = tiled_head_logprobs(hidden, head.weight, head.bias, input_ids[:, -completion_length:],
+                                         temperature, softcap, with_entropy)
+    if entropy is not None and not entropy_grad:
+        entropy = entropy.detach()
     return logps, entropy

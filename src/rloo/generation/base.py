@@ -28,6 +28,10 @@ class SampledBatch:
     # (B, C) the sampler's own fp32 log-probs of the completion tokens (0 at padding), or None when
     # the engine does not return them.
     logprobs: torch.Tensor | None = None
+    # True when `logprobs` came from the trained model itself, in this process (FastSampler): the
+    # trainer may use them as pi_old. False (another engine, e.g. vLLM): the trainer computes its own
+    # and measures, and by default corrects, the mismatch (truncated importance sampling).
+    logprobs_from_policy: bool = False
 
 
 @runtime_checkable

@@ -82,17 +82,22 @@ class FastSampler:
         was_training = model.training
         model.eval()
         unique_ids, unique_mask = left_pad(prompts, self.pad_token_id, device)  # (N, P)
-        completion_ids = self._decode(model, unique_ids, unique_mask, num_generations)  # (N*K, C)
+        completion_ids, logprobs = self._decode(model, unique_ids, unique_mask, num_generations)  # (N*K, C) each
         model.train(was_training)
 
         completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_token_id)
+        logprobs = logprobs.masked_fill(completion_mask == 0, 0.0)
         prompt_ids = unique_ids.repeat_interleave(num_generations, dim=0)  # (N*K, P), groups contiguous
         prompt_mask = unique_mask.repeat_interleave(num_generations, dim=0)
-        return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos)
+        return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos, logprobs,
+                            logprobs_from_policy=True)
 
-    def _decode(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, k: int) -> torch.Tensor:
-        """(N, P) left-padded prompts -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end)."""
+    def _decode(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, P) left-padded prompts -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
+        and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
+        trainer computes them)."""
         cache = append_in_place_cache(model.config, room=self.max_new_tokens)
         prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -103,11 +108,12 @@ class FastSampler:
         eos_ids = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
         finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=prompt_ids.device)  # (B,)
 
-        tokens = []
+        tokens, logprobs = [], []
         for step in range(self.max_new_tokens):
-            token = self._next_token(next_logits)  # (B,)
+            token, logprob = self._next_token(next_logits)  # (B,), (B,)
             token = token.masked_fill(finished, self.pad_token_id)  # rows already ended only pad
             tokens.append(token)
+            logprobs.append(logprob)
             finished |= torch.isin(token, eos_ids)
             # One host sync per step: it saves all the remaining steps once every row has ended.
             if step == self.max_new_tokens - 1 or bool(finished.all()):
@@ -117,11 +123,17 @@ class FastSampler:
                            past_key_values=cache, use_cache=True)
             next_logits = output.logits[:, -1]
             next_position = next_position + 1
-        return torch.stack(tokens, dim=1)
+        return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
-    def _next_token(self, logits: torch.Tensor) -> torch.Tensor:
-        """(B, V) scores -> (B,) tokens: argmax when greedy, else a draw from the filtered softmax."""
+    def _next_token(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, V) scores -> (B,) tokens (argmax when greedy, else a draw from the filtered softmax)
+        and (B,) their fp32 log-probs under the unfiltered softmax(logits / temperature)."""
+        log_probs = torch.log_softmax(logits.float() / self.temperature, dim=-1)  # (B, V)
         if not self.do_sample:
-            return logits.argmax(dim=-1)
-        scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)
-        return torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
+            token = logits.argmax(dim=-1)
+        elif self.top_k == 0 and self.top_p >= 1.0:  # no filter: draw from the softmax already computed
+            token = torch.multinomial(log_probs.exp(), num_samples=1).squeeze(1)
+        else:
+            scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)
+            token = torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
+        return token, log_probs.gather(1, token.unsqueeze(1)).squeeze(1)

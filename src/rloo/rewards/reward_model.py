@@ -50,13 +50,17 @@ class RewardModel:
 
     @classmethod
     def from_pretrained(cls, path: str, tokenizer: Any = None, device: str | torch.device | None = None,
-                        dtype: torch.dtype | str = "auto", **kwargs: Any) -> "RewardModel":
-        """Load a reward model (and, unless given, its tokenizer) from a model id or local path."""
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
+                        dtype: torch.dtype | str = "auto", batch_size: int | None = None,
+                        name: str | None = None, **init_kwargs: Any) -> "RewardModel":
+        """Load a reward model (and, unless given, its tokenizer) from a model id or local path;
+        `init_kwargs` (attn_implementation, revision, trust_remote_code, ...) go to `from_pretrained`."""
+        init_kwargs.setdefault("trust_remote_code", False)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype, **init_kwargs)
         if device is not None:
             model = model.to(device)
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
-        return cls(model, tokenizer, **kwargs)
+        options = {k: v for k, v in dict(batch_size=batch_size, name=name).items() if v is not None}
+        return cls(model, tokenizer, **options)
 
     def texts(self, prompts: list, completions: list) -> list[str]:
         """Each prompt + completion as the reward model reads it."""
@@ -89,11 +93,14 @@ class RewardModel:
         return scores
 
 
-def as_reward_model(spec: str | PreTrainedModel, tokenizer: Any = None,
-                    device: str | torch.device | None = None) -> RewardModel:
-    """A RewardModel from a model id/path or a loaded PreTrainedModel (moved to `device`)."""
+def as_reward_model(spec: str | PreTrainedModel, tokenizer: Any = None, device: str | torch.device | None = None,
+                    model_init_kwargs: dict | None = None) -> RewardModel:
+    """A RewardModel from a model id/path (loaded with `model_init_kwargs`) or a loaded PreTrainedModel
+    (moved to `device`)."""
     if isinstance(spec, str):
-        return RewardModel.from_pretrained(spec, tokenizer=tokenizer, device=device)
+        kwargs = dict(model_init_kwargs or {})
+        kwargs.pop("quantization_config", None)  # QLoRA quantizes the trained policy only
+        return RewardModel.from_pretrained(spec, tokenizer=tokenizer, device=device, **kwargs)
     model = spec.to(device) if device is not None else spec
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)

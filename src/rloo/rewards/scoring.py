@@ -90,7 +90,7 @@ class RewardFunction:
 
 
 def build_reward_functions(reward_funcs: Any, reward_processing_classes: Any = None,
-                           device: Any = None) -> list[RewardFunction]:
+                           device: Any = None, model_init_kwargs: dict | None = None) -> list[RewardFunction]:
     """Wrap every reward: callables as they are; model ids, paths and PreTrainedModels as `RewardModel`s.
 
     `reward_processing_classes` (one tokenizer, or a list aligned with `reward_funcs` with None
@@ -111,7 +111,7 @@ def build_reward_functions(reward_funcs: Any, reward_processing_classes: Any = N
     wrapped = []
     for func, tokenizer in zip(funcs, tokenizers):
         if isinstance(func, (str, PreTrainedModel)):
-            func = as_reward_model(func, tokenizer=tokenizer, device=device)
+            func = as_reward_model(func, tokenizer=tokenizer, device=device, model_init_kwargs=model_init_kwargs)
         wrapped.append(RewardFunction.wrap(func))
     return wrapped
 

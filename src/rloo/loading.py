@@ -1,0 +1,50 @@
+"""Models given by name are loaded as users load them: `RLOOConfig.model_init_kwargs` (TRL's name)
+goes to `from_pretrained` of the policy and of reward models, and a `quantization_config` turns a
+policy with a `peft_config` into QLoRA (k-bit base prepared for training, LoRA adapters on top).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .config import RLOOConfig
+
+# What a model given by name gets unless the user says otherwise: the checkpoint's own dtype (not
+# silently fp32), and no code from the Hub runs unless asked.
+DEFAULT_INIT_KWARGS = {"dtype": "auto", "trust_remote_code": False}
+
+
+def model_init_kwargs(args: RLOOConfig) -> dict[str, Any]:
+    """`from_pretrained` keyword arguments from the config: dtype names become torch dtypes, a
+    quantization_config dict becomes a BitsAndBytesConfig."""
+    from .trl_compat import model_init_kwargs as trl_kwargs
+
+    # TRL's spelling: torch_dtype for dtype, trust_remote_code as its own config field.
+    kwargs = {**DEFAULT_INIT_KWARGS, **trl_kwargs(args, model_is_loaded=False)}
+    if isinstance(kwargs["dtype"], str) and kwargs["dtype"] != "auto":
+        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+    if isinstance(kwargs.get("quantization_config"), dict):
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(**kwargs["quantization_config"])
+    return kwargs
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    return bool(getattr(model, "is_quantized", False) or getattr(model, "is_loaded_in_4bit", False)
+                or getattr(model, "is_loaded_in_8bit", False))
+
+
+def prepare_quantized(policy: torch.nn.Module, peft_config: Any, args: RLOOConfig) -> torch.nn.Module:
+    """A k-bit base can only be trained through adapters: refuse without a peft_config, else let
+    peft prepare it (norms in fp32, input grads for checkpointing) before the adapters go on."""
+    if peft_config is None:
+        raise ValueError("The policy is quantized (model_init_kwargs['quantization_config']); its weights cannot be "
+                         "trained directly. Pass a peft_config (QLoRA) or drop the quantization_config.")
+    from peft import prepare_model_for_kbit_training
+
+    return prepare_model_for_kbit_training(
+        policy, use_gradient_checkpointing=args.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False})
