@@ -20,6 +20,7 @@ precision, trackers and saved state. docs/architecture.md maps the rest.
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from . import checkpoint, setup
+from .run_control import StopSignals, prepare_output_dir, truncate_history
 from .config import RLOOConfig
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
 from .data.schedule import PromptSchedule, select_rows
@@ -125,17 +127,25 @@ class RLOOTrainer:
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step = 0
         self.episode = 0
+        self.run_id = uuid.uuid4().hex  # marks this run's checkpoints; a resumed run takes the checkpoint's
+        self.stopped_by: str | None = None  # the signal that stopped train() early, if any
+        self._claimed_output_dir = False
 
     # ------------------------------------------------------------------ the loop
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run the training loop; returns the last logged metrics."""
+        """Run the training loop; returns the last logged metrics.
+
+        resume_from_checkpoint: a checkpoint directory, or True / "latest" for the newest complete
+        one in output_dir (a fresh start when there is none). SIGTERM or SIGINT stops the loop after
+        the current rollout's optimizer steps with a checkpoint (`self.stopped_by` names the signal).
+        """
+        with StopSignals() as self._signals:
+            return self._train(resume_from_checkpoint)
+
+    def _train(self, resume_from_checkpoint: str | bool | None) -> dict[str, float]:
         args, acc = self.args, self.accelerator
-        start_rollout = 0
-        if resume_from_checkpoint:
-            state = checkpoint.load_checkpoint(acc, resume_from_checkpoint, args)
-            self.global_step, self.episode = state["global_step"], state["episode"]
-            start_rollout = state["rollout_index"] + 1
+        start_rollout = self._resume(resume_from_checkpoint)
         if args.report_to != "none":
             acc.init_trackers(args.run_name or Path(args.output_dir).name, config=args.to_dict())
         self.model.train()
@@ -172,18 +182,66 @@ class RLOOTrainer:
                     self.logger.log(self.evaluate(), self.global_step)
                 if args.save_steps > 0 and self.global_step % args.save_steps == 0:
                     checkpoint.save_checkpoint(acc, self.model, self.tokenizer, args, self.global_step,
-                                               rollout_index, self.episode)
+                                               rollout_index, self.episode, self.run_id)
                 if is_last:
                     break
             if self.global_step >= self.total_steps:
                 break
+            if self._stop_requested():  # SIGTERM / SIGINT: stop between rollouts, with a checkpoint
+                self._save_on_signal(rollout_index)
+                break
 
         progress.close()
+        if self.stopped_by is not None:
+            acc.end_training()
+            return last_metrics
         if self.eval_dataset is not None:
             last_metrics.update(self.logger.log(self.evaluate(), self.global_step))
         self.save_model(args.output_dir)
         acc.end_training()
         return last_metrics
+
+    def _resume(self, resume_from_checkpoint: str | bool | None) -> int:
+        """Check output_dir, load the checkpoint to resume from (if any), cut the history back to
+        it; returns the rollout to start from."""
+        args, acc = self.args, self.accelerator
+        path = checkpoint.resolve_checkpoint(resume_from_checkpoint, args.output_dir) if resume_from_checkpoint else None
+        if path is None:
+            if acc.is_main_process:
+                if resume_from_checkpoint:  # "latest" with none yet: a fresh start in the same directory
+                    truncate_history(args.output_dir, 0)
+                elif not self._claimed_output_dir:  # a second train() of this trainer continues its own files
+                    prepare_output_dir(args.output_dir, args.overwrite_output_dir)
+            self._claimed_output_dir = True
+            acc.wait_for_everyone()
+            return 0
+        state = checkpoint.load_checkpoint(acc, self.model, path, args)
+        self.global_step, self.episode = state["global_step"], state["episode"]
+        self.run_id = state.get("run_id") or self.run_id
+        if acc.is_main_process:
+            truncate_history(args.output_dir, self.global_step)
+        acc.wait_for_everyone()
+        self._claimed_output_dir = True
+        return state["rollout_index"] + 1
+
+    def _stop_requested(self) -> bool:
+        """Whether any process received a stop signal (all processes agree)."""
+        requested = torch.tensor(float(self._signals.received is not None), device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            requested = self.accelerator.reduce(requested, reduction="max")
+        return bool(requested.item())
+
+    def _save_on_signal(self, rollout_index: int) -> None:
+        args, signal_name = self.args, self._signals.received
+        path = Path(args.output_dir) / f"checkpoint-{self.global_step}"
+        if checkpoint.read_state(path) is None or checkpoint.read_state(path).get("run_id") != self.run_id:
+            path = checkpoint.save_checkpoint(self.accelerator, self.model, self.tokenizer, args, self.global_step,
+                                              rollout_index, self.episode, self.run_id)
+        self.stopped_by = signal_name or "a signal on another process"
+        if self.accelerator.is_main_process:
+            tqdm.write(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
+                       f"checkpoint saved to {path}. Resume with the same command and "
+                       f"--resume_from_checkpoint latest (or trainer.train(resume_from_checkpoint='latest')).")
 
     def collect(self, rows: list[dict[str, Any]]) -> tuple[Rollout, Samples]:
         """Steps 1-4 on one process's dataset rows: a scored, baselined rollout and its text."""
