@@ -29,8 +29,41 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
     )
 
 
+def check_model_name(model: Any) -> None:
+    """A model given by name must be an existing local directory or look like a Hub id ("org/name")."""
+    from pathlib import Path
+
+    from .config import ConfigError
+
+    if not isinstance(model, str):
+        return
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model {model!r} is a local path without config.json; give a directory written by "
+                              f"save_pretrained (config.json and weights).")
+        return
+    if model.startswith((".", "/", "~")) or len(path.parts) > 2 or not model.strip():
+        raise ConfigError(f"model path {model!r} does not exist; give a local model directory or a Hub id (org/name).")
+
+
+def check_causal_lm(model: Any) -> None:
+    """Refuse a sequence-classification checkpoint (a reward model) given as the policy."""
+    from transformers import AutoConfig
+
+    from .config import ConfigError
+
+    config = AutoConfig.from_pretrained(model) if isinstance(model, str) else getattr(model, "config", None)
+    names = list(getattr(config, "architectures", None) or []) + ([type(model).__name__] if not isinstance(model, str) else [])
+    if any(name.endswith("ForSequenceClassification") for name in names):
+        raise ConfigError(f"the policy {getattr(config, '_name_or_path', model)!r} is a sequence-classification model "
+                          f"({names[0]}), i.e. a reward model; the policy must be a causal LM. Pass it in reward_funcs "
+                          f"(model:path) and a causal LM as the model.")
+
+
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel) -> Any:
     """The given tokenizer, or the model's; a missing pad token becomes the EOS token."""
+    check_model_name(model)
     tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(
         model if isinstance(model, str) else model.config._name_or_path
     )
@@ -43,6 +76,8 @@ def load_tokenizer(processing_class: Any, model: str | PreTrainedModel) -> Any:
 
 def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig) -> torch.nn.Module:
     """The trained model: loaded by name or taken as given, wrapped with LoRA adapters when asked."""
+    check_model_name(model)
+    check_causal_lm(model)
     policy = AutoModelForCausalLM.from_pretrained(model) if isinstance(model, str) else model
     if peft_config is not None:
         from peft import get_peft_model

@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 
 from . import checkpoint, setup
 from .run_control import StopSignals, prepare_output_dir, truncate_history
-from .config import RLOOConfig
+from .config import ConfigError, RLOOConfig
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
 from .data.schedule import PromptSchedule, select_rows
 from .generation.base import Sampler
@@ -78,12 +78,12 @@ class RLOOTrainer:
         sampler: Sampler | None = None,
     ) -> None:
         if reward_funcs is not None and reward_model is not None:
-            raise ValueError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
+            raise ConfigError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
         reward_funcs = reward_funcs if reward_funcs is not None else reward_model
-        if reward_funcs is None:
-            raise ValueError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
+        if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0):
+            raise ConfigError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
         if train_dataset is None:
-            raise ValueError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
+            raise ConfigError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
                             f"sample(model, prompts, num_generations) and on_optimizer_step(model).")
@@ -118,7 +118,7 @@ class RLOOTrainer:
         num_funcs = len(self.reward_functions)
         self.reward_weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * num_funcs
         if len(self.reward_weights) != num_funcs:
-            raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {num_funcs} reward functions.")
+            raise ConfigError(f"reward_weights has {len(self.reward_weights)} weights for {num_funcs} reward functions.")
 
         self.sampler = sampler if sampler is not None else setup.default_sampler(args, self.tokenizer)
         self.collector = RolloutCollector(args, acc, self.model, self.reference,
@@ -266,7 +266,7 @@ class RLOOTrainer:
     def evaluate(self) -> dict[str, float]:
         """Mean score of K sampled completions of every eval prompt (whole groups, like training)."""
         if self.eval_dataset is None:
-            raise ValueError("evaluate() needs an eval_dataset.")
+            raise ConfigError("evaluate() needs an eval_dataset.")
         acc, per_step = self.accelerator, self.args.prompts_per_step
         totals = torch.zeros(2, device=acc.device)  # sum of scores, count
         indices = list(range(acc.process_index, len(self.eval_dataset), acc.num_processes))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..config import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -38,13 +40,13 @@ def as_completions(prompts: list, texts: list[str]) -> list:
 def check_prompt_dataset(dataset: Any, name: str) -> None:
     """Fail early on a dataset the trainer cannot use: empty, no prompt column, or a malformed prompt."""
     if "prompt" not in dataset.column_names:
-        raise ValueError(f"{name} has no 'prompt' column (columns: {dataset.column_names}); rename your prompt "
+        raise ConfigError(f"{name} has no 'prompt' column (columns: {dataset.column_names}); rename your prompt "
                          f"column to 'prompt'.")
     if len(dataset) == 0:
-        raise ValueError(f"{name} is empty.")
+        raise ConfigError(f"{name} is empty.")
     for index, prompt in enumerate(dataset["prompt"]):
         if not (isinstance(prompt, str) or is_conversational(prompt)):
-            raise ValueError(f"{name} row {index}: 'prompt' must be a string or a list of {{'role', 'content'}} "
+            raise ConfigError(f"{name} row {index}: 'prompt' must be a string or a list of {{'role', 'content'}} "
                              f"messages, got {type(prompt).__name__}: {str(prompt)[:100]!r}.")
 
 
@@ -69,7 +71,7 @@ def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: in
         return
     first = too_long[0]
     if policy == "error":
-        raise ValueError(
+        raise ConfigError(
             f"{name} row {first} has a prompt of {lengths[first]} tokens, more than max_prompt_length={max_length} "
             f"({len(too_long)} rows are too long). Raise max_prompt_length, shorten the prompts, or set "
             f"truncate_prompts='left' to keep their last {max_length} tokens."
