@@ -147,3 +147,27 @@ def test_metrics_are_strict_json_with_null_for_non_finite(tmp_path, make_model, 
     assert json.loads(line, parse_constant=lambda token: pytest.fail(token)) == {"step": 3, "a": None, "b": None,
                                                                                  "c": 1.5}
     assert "written as null: a=nan, b=inf" in capsys.readouterr().out
+
+
+def test_a_second_signal_exits_at_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import os, signal, time\n"
+              "from rloo.run_control import StopSignals\n"
+              "with StopSignals() as stop:\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    time.sleep(0.1)\n"
+              "    assert stop.received == 'SIGTERM'\n"
+              "    print('first handled', flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    time.sleep(5)\n"
+              "print('not reached')\n")
+    src = str(Path(__file__).parent.parent / "src")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])})
+    assert result.returncode == 128 + 2, result.stderr
+    assert "first handled" in result.stdout and "not reached" not in result.stdout
+    assert "second signal (SIGINT): exiting now" in result.stderr
