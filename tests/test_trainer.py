@@ -9,6 +9,7 @@ import torch
 import rloo.rollout as rollout_module
 import rloo.update as update_module
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.checkpoint import CheckpointError
 from rloo.rewards.scoring import RewardError
 
 from conftest import digit_fraction
@@ -17,7 +18,7 @@ from conftest import digit_fraction
 def _config(tmp_path, **overrides):
     values = dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
                   max_completion_length=6, learning_rate=3e-3, beta=0.0, max_steps=4, logging_steps=1,
-                  save_steps=0, seed=0)
+                  save_steps=0, seed=0, overwrite_output_dir=True)  # several tests train twice into one directory
     return RLOOConfig(**{**values, **overrides})
 
 
@@ -170,10 +171,10 @@ def test_checkpoints_rotate_and_resume_latest(tmp_path, make_model, tokenizer, d
 def test_resume_errors(tmp_path, make_model, tokenizer, digit_dataset):
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
                           processing_class=tokenizer)
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        trainer.train(resume_from_checkpoint=True)
-    with pytest.raises(FileNotFoundError, match="not an rloo checkpoint"):
+    with pytest.raises(CheckpointError, match="not an rloo checkpoint"):
         trainer.train(resume_from_checkpoint=str(tmp_path))
+    with pytest.raises(CheckpointError, match="is not a directory"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "missing"))
 
 
 def test_saved_model_loads_by_path_and_trains_from_an_id(tmp_path, make_model, tokenizer, digit_dataset):

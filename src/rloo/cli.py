@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from . import trl_compat, trl_script
-from .config import ALIASES, ConfigError, RLOOConfig, field_docs
+from .config import ALIASES, ConfigError, RLOOConfig, check_field_types, field_docs, parse_field
 
 
 @dataclass
@@ -153,7 +153,7 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ScriptArguments, RLOOConfig, 
         if not isinstance(loaded, dict):
             raise ConfigError(f"{config_path} must hold a mapping of keys to values, got {type(loaded).__name__}.")
         _check_keys(loaded, config_path)
-        values.update(loaded)
+        values.update(_parse_yaml_values(loaded))
     for old, new in ALIASES.items():  # a flag overrides the file whichever name either used
         if old in flags or new in flags:
             values.pop(old, None)
@@ -166,8 +166,19 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ScriptArguments, RLOOConfig, 
     script.trl_flags = trl_script.TRLScriptArguments(**{k: v for k, v in values.items() if k in trl_names})
     config_values = {k: v for k, v in values.items() if k not in script_names | trl_names}
     script.trainer_kwargs = trl_script.apply(script.trl_flags, script, config_values)  # may add model_init_kwargs
+    check_field_types(script)
     config = RLOOConfig(**config_values)
     return script, config, resume
+
+
+def _parse_yaml_values(values: dict[str, Any]) -> dict[str, Any]:
+    """YAML text to each field's type: YAML 1.1 reads `1e-5` as a string and `'no'` stays a string."""
+    parsed = {}
+    for key, value in values.items():
+        name = ALIASES.get(key, key)
+        cls = ScriptArguments if name in {f.name for f in dataclasses.fields(ScriptArguments)} else RLOOConfig
+        parsed[key] = parse_field(cls, name, value) if name != "resume_from_checkpoint" else value
+    return parsed
 
 
 REWARD_MODEL_PREFIX = "model:"
@@ -286,8 +297,16 @@ def run_train(argv: Sequence[str]) -> None:
         peft_config=peft_config,
         **script.trainer_kwargs,
     )
-    trainer.train(resume_from_checkpoint=True if resume == "latest" else resume)
-    print(f"Saved the trained model to {config.output_dir}")
+    trainer.train(resume_from_checkpoint=resume)
+    if trainer.stopped_by is None:
+        print(f"Saved the trained model to {config.output_dir}")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by bad input: printed as one message, without a traceback, exit status 2."""
+    from .checkpoint import CheckpointError
+
+    return (ConfigError, CheckpointError, FileNotFoundError)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -311,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
     try:
         commands[argv[0]](argv[1:])
-    except ConfigError as error:
+    except _user_errors() as error:
         print(f"rloo: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 

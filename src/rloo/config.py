@@ -24,7 +24,10 @@ import functools
 import importlib.util
 import inspect
 import logging
+import math
+import os
 import textwrap
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +63,7 @@ VLLM_MODES = ("colocate", "server")
 ADVANTAGE_ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")
 KL_PENALTIES = ("sequence", "token", "loss")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+NAN_POLICIES = ("skip", "stop")
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -297,6 +301,14 @@ class RLOOConfig:
     vllm_importance_sampling_cap: float = 2.0
     """The cap of the truncated importance-sampling ratio (TIS); must be >= 1."""
 
+    # --- robustness (issue 11): output directory reuse and non-finite steps ---
+    overwrite_output_dir: bool = False
+    """Let a fresh run delete the checkpoints, metrics.jsonl and completions.jsonl an earlier run left in
+    output_dir. Without it such a directory is refused unless the run resumes (TRL's name)."""
+    nan_policy: str = "skip"
+    """What to do with an optimizer step whose loss or gradient norm is NaN or inf: "skip" (drop its
+    gradients, leave the weights unchanged, log a warning and `train/nonfinite_skipped`) or "stop" (raise)."""
+
     def __post_init__(self) -> None:
         _validate(self)
 
@@ -343,7 +355,14 @@ def _accept_aliases(cls: type) -> type:
         except trl_compat.TRLFieldError as error:
             raise ConfigError(str(error)) from None
         self._trl_values = trl_values  # readable as config.<name>, e.g. push_to_hub, model_init_kwargs
-        original_init(self, *args, **ours)
+        try:
+            original_init(self, *args, **ours)
+        except ConfigError as error:
+            # A value that came in under a TRL name is reported under that name too.
+            given = [name for name in trl_values if name not in own_fields]
+            if given and not any(name in str(error) for name in given):
+                raise ConfigError(f"{error} (TRL fields given: {', '.join(given)})") from None
+            raise
 
     def __getattr__(self: Any, name: str) -> Any:  # only called for names that are not set
         return trl_compat.trl_attribute(self, name)
@@ -385,6 +404,8 @@ def _validate(c: RLOOConfig) -> None:
     def require(ok: bool, message: str) -> None:
         if not ok:
             raise ConfigError(message)
+
+    check_field_types(c)
 
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_prompt_length",
                  "max_completion_length", "num_iterations", "num_mini_batches", "logging_steps",
@@ -506,7 +527,80 @@ def _validate(c: RLOOConfig) -> None:
     dtype = (c.model_init_kwargs or {}).get("dtype", "auto")
     require(dtype in MODEL_DTYPES or not isinstance(dtype, str),
             f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
+    require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
+    require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",
+            f"output_dir must be a non-empty directory path, got {c.output_dir!r}.")
+    require(not os.path.exists(c.output_dir) or os.path.isdir(c.output_dir),
+            f"output_dir={c.output_dir!r} exists and is not a directory; give a directory path.")
+
     _validate_scale_out(c, require)
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether value has the field type `hint` (bool is not a number; an int is a float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(_matches(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin in (list, dict, tuple):  # containers have their own checks with their own messages in _validate
+        return True
+    return isinstance(value, hint)
+
+
+def check_field_types(config: Any) -> None:
+    """Every field holds a value of its annotated type, and every float is finite.
+
+    A string such as "false" or "1e-5" is refused here (Python treats "false" as true); the CLI
+    parses YAML and flag text into the field's type before the config is built (`parse_field`).
+    """
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value, hint = getattr(config, f.name), hints[f.name]
+        if not _matches(value, hint):
+            raise ConfigError(f"{f.name} must be of type {_type_name(hint)}, got {value!r} "
+                              f"({type(value).__name__}); e.g. {f.name}={f.default!r}. (Text such as 'false' or '1e-5' is parsed only "
+                              f"from YAML and flags; in Python pass the value itself.)")
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        for number in numbers:
+            if isinstance(number, float) and not math.isfinite(number):
+                raise ConfigError(f"{f.name} must be a finite number, got {value!r}.")
+
+
+def parse_field(cls: type, name: str, value: Any) -> Any:
+    """A YAML or flag value converted to field `name`'s type when it is text of that type: "1e-5" for
+    a float (YAML 1.1 reads 1e-5 as a string), "false"/"no" for a bool. Other values pass unchanged."""
+    hint = typing.get_type_hints(cls).get(name)
+    if hint is None or not isinstance(value, str):
+        return value
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None)) \
+        and len(args) == 1 else hint
+    lowered = value.strip().lower()
+    if base is bool:
+        if lowered in ("1", "true", "yes", "y", "on"):
+            return True
+        if lowered in ("0", "false", "no", "n", "off"):
+            return False
+        raise ConfigError(f"{name} must be true or false, got {value!r}.")
+    if base in (int, float):
+        try:
+            return base(value)
+        except ValueError:
+            raise ConfigError(f"{name} must be {'an integer' if base is int else 'a number'}, got {value!r}.") from None
+    return value
 
 
 def _validate_scale_out(c: RLOOConfig, require: Any) -> None:
@@ -542,7 +636,7 @@ def field_docs(cls: type = RLOOConfig) -> dict[str, str]:
     return docs
 
 
-__all__ = ["RLOOConfig", "ConfigError", "ALIASES", "field_docs", "resolve_aliases"]
+__all__ = ["RLOOConfig", "ConfigError", "check_field_types", "parse_field", "ALIASES", "field_docs", "resolve_aliases"]
 
 
 def _valid_clip_range(value: Any) -> bool:

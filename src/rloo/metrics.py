@@ -39,7 +39,28 @@ class JsonlSink:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         with self.path.open("a") as handle:
-            handle.write(json.dumps({"step": step, **metrics}) + "\n")
+            handle.write(strict_json({"step": step, **metrics}, f"{self.path.name} at step {step}") + "\n")
+
+
+def _finite_or_none(value: Any, path: str, problems: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"{path}={value}")
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v, f"{path}.{k}" if path else str(k), problems) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    return value
+
+
+def strict_json(row: dict[str, Any], where: str) -> str:
+    """JSON without NaN or Infinity tokens (which strict parsers reject): such values become null,
+    and the console says which and why."""
+    problems: list[str] = []
+    cleaned = _finite_or_none(row, "", problems)
+    if problems:
+        tqdm.write(f"rloo: {where}: non-finite value(s) written as null: {', '.join(problems[:8])}")
+    return json.dumps(cleaned, allow_nan=False, default=str)
 
 
 class MetricsWindow:
@@ -148,7 +169,7 @@ def write_completions(path: str | Path, rows: list[dict[str, Any]]) -> None:
     """Append sample completions to a JSONL file next to the metrics."""
     with Path(path).open("a") as handle:
         for row in rows:
-            handle.write(json.dumps(row, default=str) + "\n")
+            handle.write(strict_json(row, Path(path).name) + "\n")
 
 
 # ------------------------------------------------------------------ names

@@ -160,7 +160,7 @@ def build_report(run_dir: str | Path) -> Path:
                f"{int(last.get('episode', 0))} episodes; {len(evals)} evals.")
     plots = "".join(f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{png}"></figure>'
                     for title, png in draw_panels(train, evals))
-    config_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v))}</td></tr>"
+    config_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v, default=str))}</td></tr>"
                           for k, v in config.items())
     page = PAGE.format(title=html.escape(f"RLOO run: {run_dir.resolve().name}"), summary=html.escape(summary),
                        plots=plots, config=config_rows or "<tr><td>rloo_config.json not found</td></tr>",

@@ -63,8 +63,40 @@ def use_bf16(args: RLOOConfig) -> bool:
     return not args.fp16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
+def check_model_name(model: Any) -> None:
+    """A model given by name must be an existing local directory or look like a Hub id ("org/name")."""
+    from pathlib import Path
+
+    from .config import ConfigError
+
+    if not isinstance(model, str):
+        return
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model {model!r} is a local path without config.json; give a directory written by "
+                              f"save_pretrained (config.json and weights).")
+        return
+    if model.startswith((".", "/", "~")) or len(path.parts) > 2 or not model.strip():
+        raise ConfigError(f"model path {model!r} does not exist; give a local model directory or a Hub id (org/name).")
+
+
+def check_causal_lm(model: torch.nn.Module) -> None:
+    """Refuse a sequence-classification checkpoint (a reward model) given as the policy, by the class
+    it was saved from (config.architectures), whatever it was loaded as."""
+    from .config import ConfigError
+
+    config = getattr(model, "config", None)
+    names = [*(getattr(config, "architectures", None) or []), type(model).__name__]
+    if any(name.endswith("ForSequenceClassification") for name in names):
+        raise ConfigError(f"the policy {getattr(config, '_name_or_path', model)!r} is a sequence-classification model "
+                          f"({names[0]}), i.e. a reward model; the policy must be a causal LM. Pass it in reward_funcs "
+                          f"(model:path) and a causal LM as the model.")
+
+
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:
     """The given tokenizer, or the model's; a missing pad token becomes the EOS token."""
+    check_model_name(model)
     tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(
         model if isinstance(model, str) else model.config._name_or_path,
         **({"trust_remote_code": True} if trust_remote_code else {}),
@@ -79,6 +111,7 @@ def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_re
 def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig,
                 quantization_config: Any = None) -> torch.nn.Module:
     """The trained model: loaded by name or taken as given, wrapped with LoRA adapters when asked."""
+    check_model_name(model)
     if isinstance(model, str):
         init_kwargs = loading.model_init_kwargs(args)
         if quantization_config is not None:
@@ -87,6 +120,7 @@ def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig
     else:
         trl_compat.model_init_kwargs(args, model_is_loaded=True)  # refuses kwargs that would be ignored
         policy = model
+    check_causal_lm(policy)  # after loading: a reward model loads as a causal LM with a random head
     if loading.is_quantized(policy):
         policy = loading.prepare_quantized(policy, peft_config, args)
     if peft_config is not None:

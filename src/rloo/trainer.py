@@ -20,15 +20,18 @@ precision, trackers and saved state. docs/architecture.md maps the rest.
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from . import checkpoint, evaluation, loading, setup, trainer_api
-from .config import RLOOConfig
+from .config import ConfigError, RLOOConfig
+from .run_control import StopSignals, prepare_output_dir, truncate_history
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
 from .data.schedule import PromptSchedule, select_rows
 from .generation.base import Sampler
@@ -82,12 +85,12 @@ class RLOOTrainer:
         quantization_config: Any = None,
     ) -> None:
         if reward_funcs is not None and reward_model is not None:
-            raise ValueError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
+            raise ConfigError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
         reward_funcs = reward_funcs if reward_funcs is not None else reward_model
-        if reward_funcs is None:
-            raise ValueError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
+        if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0):
+            raise ConfigError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
         if train_dataset is None:
-            raise ValueError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
+            raise ConfigError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
                             f"sample(model, prompts, num_generations) and on_optimizer_step(model).")
@@ -131,7 +134,7 @@ class RLOOTrainer:
         num_funcs = len(self.reward_functions)
         self.reward_weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * num_funcs
         if len(self.reward_weights) != num_funcs:
-            raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {num_funcs} reward functions.")
+            raise ConfigError(f"reward_weights has {len(self.reward_weights)} weights for {num_funcs} reward functions.")
 
         if sampler is None:  # stops at the end ids the checkpoint's generation config declares, too
             sampler = setup.default_sampler(args, self.tokenizer, acc.unwrap_model(self.model))
@@ -143,6 +146,9 @@ class RLOOTrainer:
         self.global_step = 0
         self.episode = 0
         self._evaluated_at, self._last_eval = -1, {}
+        self.run_id = uuid.uuid4().hex  # marks this run's checkpoints; a resumed run takes the checkpoint's
+        self.stopped_by: str | None = None  # the signal that stopped train() early, if any
+        self._claimed_output_dir = False
         # transformers TrainerCallbacks and TrainerState (log_history); also a metrics sink.
         self.callback_handler = trainer_api.Callbacks(callbacks, args, self.total_steps, acc.is_main_process)
         self.callback_handler.models = {"model": self.model, "processing_class": self.tokenizer,
@@ -156,13 +162,18 @@ class RLOOTrainer:
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> trainer_api.TrainOutput:
         """Run the training loop; returns TrainOutput(global_step, training_loss, metrics), which also
-        reads like the dict of the last logged metrics."""
+        reads like the dict of the last logged metrics.
+
+        resume_from_checkpoint: a checkpoint directory, or True / "latest" for the newest complete
+        one in output_dir (a fresh start when there is none). SIGTERM or SIGINT stops the loop after
+        the current rollout's optimizer steps with a checkpoint (`self.stopped_by` names the signal).
+        """
+        with StopSignals() as self._signals:
+            return self._train(resume_from_checkpoint)
+
+    def _train(self, resume_from_checkpoint: str | bool | None) -> trainer_api.TrainOutput:
         args, acc = self.args, self.accelerator
-        start_rollout = 0
-        if resume_from_checkpoint:
-            state = checkpoint.load_checkpoint(acc, resume_from_checkpoint, args)
-            self.global_step, self.episode = state["global_step"], state["episode"]
-            start_rollout = state["rollout_index"] + 1
+        start_rollout = self._resume(resume_from_checkpoint)
         self.logger.start(args.to_dict(), args.run_name)
         self.model.train()
         window = MetricsWindow()
@@ -202,26 +213,77 @@ class RLOOTrainer:
                     self._log_eval()
                 if args.save_steps > 0 and self.global_step % args.save_steps == 0:
                     checkpoint.save_checkpoint(acc, self.model, self.tokenizer, args, self.global_step,
-                                               rollout_index, self.episode)
+                                               rollout_index, self.episode, self.run_id)
                     self.callback_handler.event("on_save")
                 if is_last:
                     break
             if self.global_step >= self.total_steps or control.should_training_stop:
                 break
+            if self._stop_requested():  # SIGTERM / SIGINT: stop between rollouts, with a checkpoint
+                self._save_on_signal(rollout_index)
+                break
 
         progress.close()
+        if self.stopped_by is not None:
+            acc.end_training()
+            return trainer_api.TrainOutput(self.global_step, self._training_loss(), last_metrics)
         if self.eval_dataset is not None:
             last_metrics.update(self._log_eval())
         self.save_model(args.output_dir)
         self.callback_handler.event("on_train_end")
         acc.end_training()
+        return trainer_api.TrainOutput(self.global_step, self._training_loss(), last_metrics)
+
+    def _training_loss(self) -> float:
         losses = [log["loss/policy_avg"] for log in self.state.log_history if "loss/policy_avg" in log]
-        return trainer_api.TrainOutput(self.global_step, sum(losses) / max(len(losses), 1), last_metrics)
+        return sum(losses) / max(len(losses), 1)
 
     @property
     def epoch(self) -> float:
         """Passes over the training prompts so far (fractional), as TrainerState.epoch counts them."""
         return self.episode / (self.args.num_generations * max(len(self.train_dataset), 1))
+
+    def _resume(self, resume_from_checkpoint: str | bool | None) -> int:
+        """Check output_dir, load the checkpoint to resume from (if any), cut the history back to
+        it; returns the rollout to start from."""
+        args, acc = self.args, self.accelerator
+        path = checkpoint.resolve_checkpoint(resume_from_checkpoint, args.output_dir) if resume_from_checkpoint else None
+        if path is None:
+            if acc.is_main_process:
+                if resume_from_checkpoint:  # "latest" with none yet: a fresh start in the same directory
+                    truncate_history(args.output_dir, 0)
+                elif not self._claimed_output_dir:  # a second train() of this trainer continues its own files
+                    prepare_output_dir(args.output_dir, args.overwrite_output_dir)
+            self._claimed_output_dir = True
+            acc.wait_for_everyone()
+            return 0
+        state = checkpoint.load_checkpoint(acc, self.model, path, args)
+        self.global_step, self.episode = state["global_step"], state["episode"]
+        self.run_id = state.get("run_id") or self.run_id
+        if acc.is_main_process:
+            truncate_history(args.output_dir, self.global_step)
+        acc.wait_for_everyone()
+        self._claimed_output_dir = True
+        return state["rollout_index"] + 1
+
+    def _stop_requested(self) -> bool:
+        """Whether any process received a stop signal (all processes agree)."""
+        requested = torch.tensor(float(self._signals.received is not None), device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            requested = self.accelerator.reduce(requested, reduction="max")
+        return bool(requested.item())
+
+    def _save_on_signal(self, rollout_index: int) -> None:
+        args, signal_name = self.args, self._signals.received
+        path = Path(args.output_dir) / f"checkpoint-{self.global_step}"
+        if checkpoint.read_state(path) is None or checkpoint.read_state(path).get("run_id") != self.run_id:
+            path = checkpoint.save_checkpoint(self.accelerator, self.model, self.tokenizer, args, self.global_step,
+                                              rollout_index, self.episode, self.run_id)
+        self.stopped_by = signal_name or "a signal on another process"
+        if self.accelerator.is_main_process:
+            tqdm.write(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
+                       f"checkpoint saved to {path}. Resume with the same command and "
+                       f"--resume_from_checkpoint latest (or trainer.train(resume_from_checkpoint='latest')).")
 
     def collect(self, rows: list[dict[str, Any]]) -> tuple[Rollout, Samples]:
         """Steps 1-4 on one process's dataset rows: a scored, baselined rollout and its text."""
@@ -248,7 +310,7 @@ class RLOOTrainer:
         A dict of datasets is evaluated one by one, prefixed "<prefix>_<name>/" as in transformers."""
         eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if eval_dataset is None:
-            raise ValueError("evaluate() needs an eval_dataset.")
+            raise ConfigError("evaluate() needs an eval_dataset.")
         named = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
         metrics: dict[str, float] = {}
         for name, dataset in named:

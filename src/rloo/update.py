@@ -13,6 +13,8 @@ accumulated gradient is the one of a single large batch, however the step is spl
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -27,6 +29,8 @@ from .metrics import step_metrics
 from .rollout import Rollout
 
 # Sums over a step's micro-batches from which `metrics.step_metrics` builds the step's metrics.
+logger = logging.getLogger(__name__)
+
 STEP_TOTALS = ("loss", "units", "clipped_low", "clipped_high", "ratio", "ratio_sq", "approxkl", "entropy", "tokens",
                "kl_loss")
 
@@ -54,12 +58,34 @@ class Learner:
         """One optimizer step over a mini-batch; returns the step's metrics."""
         stats = self.accumulate_gradients(mini_batch)
         max_norm = self.args.max_grad_norm
+        # With max_norm 0 the norm is still measured (clipping at inf scales by exactly 1) for the guard below.
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm or math.inf))
         if max_norm > 0:
-            stats["grad_norm"] = float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
+            stats["grad_norm"] = grad_norm
+        if not self.step_is_finite(stats["loss/policy_avg"], grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.lr_scheduler.step()  # the schedule counts steps taken or skipped, so a resume lines up
+            stats["train/nonfinite_skipped"] = 1.0
+            return stats
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return stats
+
+    def step_is_finite(self, loss: float, grad_norm: float) -> bool:
+        """False (after a warning) when any process's loss or the gradient norm is NaN or inf; with
+        nan_policy="stop" that raises instead."""
+        bad = torch.tensor(float(not (math.isfinite(loss) and math.isfinite(grad_norm))), device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            bad = self.accelerator.reduce(bad, reduction="max")
+        if not bad.item():
+            return True
+        message = (f"non-finite optimizer step (loss {loss}, gradient norm {grad_norm}); lower learning_rate or "
+                   f"max_grad_norm, or check the rewards.")
+        if self.args.nan_policy == "stop":
+            raise FloatingPointError(message + ' nan_policy="stop" ends the run; "skip" would drop the step.')
+        logger.warning("Skipping a %s", message)
+        return False
 
     def accumulate_gradients(self, mini_batch: Rollout) -> dict[str, float]:
         """Backward over one optimizer step's rows in gradient_accumulation_steps micro-batches.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..config import ConfigError
+
 
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -18,14 +20,16 @@ def load_prompt_dataset(name: str, split: str = "train", config: str | None = No
     if path.is_file():
         builder = _FILE_BUILDERS.get(path.suffix.lower())
         if builder is None:
-            raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}.")
+            raise ConfigError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}.")
+        if not path.read_bytes().strip():
+            raise ConfigError(f"dataset file {path} is empty; it needs one prompt per row (a 'prompt' column).")
         return datasets.load_dataset(builder, data_files=str(path), split="train")
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
             loaded = datasets.load_from_disk(str(path))
             if isinstance(loaded, datasets.DatasetDict):
                 if split not in loaded:
-                    raise ValueError(f"{path} has splits {list(loaded)}, not {split!r}; pass --dataset_split.")
+                    raise ConfigError(f"{path} has splits {list(loaded)}, not {split!r}; pass --dataset_split.")
                 loaded = loaded[split]
             return loaded
         return datasets.load_dataset(str(path), config, split=split)

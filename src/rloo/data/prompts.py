@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..config import ConfigError
+
 logger = logging.getLogger(__name__)
 
 # Keyword arguments the trainer passes to reward functions; a dataset column may not reuse them.
@@ -42,7 +44,7 @@ def check_prompt_dataset(dataset: Any, name: str) -> None:
     """Fail early on a dataset the trainer cannot use: empty, no prompt column, a column named like an
     argument the trainer passes to reward functions, or a malformed prompt."""
     if "prompt" not in dataset.column_names:
-        raise ValueError(f"{name} has no 'prompt' column (columns: {dataset.column_names}); rename your prompt "
+        raise ConfigError(f"{name} has no 'prompt' column (columns: {dataset.column_names}); rename your prompt "
                          f"column to 'prompt'.")
     reserved = [column for column in RESERVED_REWARD_ARGUMENTS if column in dataset.column_names]
     if reserved:
@@ -50,10 +52,10 @@ def check_prompt_dataset(dataset: Any, name: str) -> None:
                          f"functions (reserved: {', '.join(RESERVED_REWARD_ARGUMENTS)}); it would be silently replaced. "
                          f"Rename the column, e.g. dataset.rename_column({reserved[0]!r}, 'reference_{reserved[0]}').")
     if len(dataset) == 0:
-        raise ValueError(f"{name} is empty.")
+        raise ConfigError(f"{name} is empty.")
     for index, prompt in enumerate(dataset["prompt"]):
         if not (isinstance(prompt, str) or is_conversational(prompt)):
-            raise ValueError(f"{name} row {index}: 'prompt' must be a string or a list of {{'role', 'content'}} "
+            raise ConfigError(f"{name} row {index}: 'prompt' must be a string or a list of {{'role', 'content'}} "
                              f"messages, got {type(prompt).__name__}: {str(prompt)[:100]!r}.")
 
 
@@ -95,7 +97,7 @@ def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: in
         return
     first = too_long[0]
     if policy == "error":
-        raise ValueError(
+        raise ConfigError(
             f"{name} row {first} has a prompt of {lengths[first]} tokens, more than max_prompt_length={max_length} "
             f"({len(too_long)} rows are too long). Raise max_prompt_length, shorten the prompts, or set "
             f"truncate_prompts='left' to keep their last {max_length} tokens."

@@ -23,6 +23,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import logging
+
 import torch
 
 RewardFunc = Callable[..., Sequence[float | None]]
@@ -31,6 +33,9 @@ RewardFunc = Callable[..., Sequence[float | None]]
 TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids")
 # Supplied only to functions that name them: they are not per-completion lists.
 OPT_IN_ARGUMENTS = ("trainer_state", "log_extra", "log_metric")
+
+
+logger = logging.getLogger(__name__)
 
 
 class RewardError(RuntimeError):
@@ -171,7 +176,27 @@ def score_completions(
     per_function = torch.stack(columns, dim=1)  # (B, F)
     scored = ~per_function.isnan()
     weighted = torch.where(scored, per_function, torch.zeros_like(per_function)) * torch.tensor(weights, dtype=torch.float32)
+    _check_float32(reward_functions, per_function, weighted, weights, arguments, step)
+    if not scored.any():
+        logger.warning("step %d: every reward function returned None for every one of the %d completions; "
+                       "their scores are 0 and this batch teaches nothing. Check that the rewards apply to "
+                       "this dataset.", step, num_completions)
     return ScoredBatch(scores=weighted.sum(dim=1), per_function=per_function, valid=scored.any(dim=1))
+
+
+def _check_float32(reward_functions: Sequence[RewardFunction], per_function: torch.Tensor, weighted: torch.Tensor,
+                   weights: Sequence[float], arguments: dict[str, Any], step: int) -> None:
+    """A reward finite as a Python float can overflow float32 (1e39), alone or once weighted."""
+    bad = ~torch.isfinite(torch.where(per_function.isnan(), torch.zeros_like(per_function), per_function)) | \
+        ~torch.isfinite(weighted)
+    if not bad.any():
+        return
+    index, column = (int(i) for i in bad.nonzero()[0])
+    raise RewardError(
+        f"reward function {reward_functions[column].name!r} at step {step}: its reward "
+        f"{per_function[index, column].item()!r} times weight {weights[column]!r} is not finite in "
+        f"float32 (|x| must stay below 3.4e38); rescale the reward or its weight.\n"
+        f"{_describe_sample(arguments, index)}")
 
 
 def reward_function_metrics(names: Sequence[str], per_function: torch.Tensor) -> dict[str, float]:
