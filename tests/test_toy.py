@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 import transformers
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from rloo import toy
+from rloo.toy import warm_start
 from rloo.algo.logprobs import position_ids_from_mask
 
 # A model small enough that a few training steps take well under a second.
@@ -193,7 +197,7 @@ def test_warm_start_lowers_loss_and_is_deterministic(tok):
 
 
 def test_warm_start_masks_prompt_and_padding(tok):
-    batch = toy._teacher_forcing_batch(tok, ["1+2=", "12+34="], ["3", "46"])
+    batch = warm_start._teacher_forcing_batch(tok, ["1+2=", "12+34="], ["3", "46"])
     eos = tok.eos_token_id
     assert batch["labels"][0].tolist() == [-100] * 7 + tok("3")["input_ids"] + [eos]
     assert batch["labels"][1].tolist() == [-100] * 6 + tok("46")["input_ids"] + [eos]
@@ -201,23 +205,33 @@ def test_warm_start_masks_prompt_and_padding(tok):
 
 
 class _ScriptedLM(torch.nn.Module):
-    """Stands in for a causal LM: `generate` appends a scripted reply to each (left-padded) prompt."""
+    """Stands in for a causal LM: greedy decoding continues each (left-padded) prompt with a scripted reply.
+
+    The logits favour the reply's next token by a margin of 1 only, so a sampler that draws
+    instead of taking the argmax would almost never reproduce a reply.
+    """
 
     def __init__(self, tok, replies: dict[str, str]):
         super().__init__()
         self.tok, self.replies = tok, replies
         self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.config = transformers.Qwen2Config(num_hidden_layers=1)  # shapes the sampler's KV cache
+        self.cache, self.scripts, self.step = None, [], 0
 
-    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
-        assert not self.training and kwargs["do_sample"] is False
-        assert attention_mask[:, -1].all()  # left padding: every prompt ends at the right edge
-        rows = []
-        for ids, mask in zip(input_ids, attention_mask):
-            prompt = self.tok.decode(ids[mask.bool()])
-            reply = self.tok(self.replies[prompt])["input_ids"] + [self.tok.eos_token_id]
-            rows.append(ids.tolist() + reply[:max_new_tokens])
-        width = max(len(r) for r in rows)
-        return torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+    def forward(self, input_ids, attention_mask, past_key_values, **kwargs):
+        assert not self.training
+        if past_key_values is not self.cache:  # a new cache: the prefill of a new batch of prompts
+            assert attention_mask[:, -1].all()  # left padding: every prompt ends at the right edge
+            prompts = [self.tok.decode(ids[mask.bool()]) for ids, mask in zip(input_ids, attention_mask)]
+            self.scripts = [self.tok(self.replies[p])["input_ids"] + [self.tok.eos_token_id] for p in prompts]
+            self.cache, self.step = past_key_values, 0
+        else:  # one decode step: greedy decoding followed the script so far
+            self.step += 1
+        logits = torch.zeros(len(self.scripts), 1, len(self.tok))
+        for row, script in enumerate(self.scripts):
+            if self.step < len(script):
+                logits[row, -1, script[self.step]] = 1.0
+        return CausalLMOutputWithPast(logits=logits)
 
 
 def test_greedy_accuracy_scripted(tok):
@@ -246,9 +260,9 @@ def test_greedy_accuracy_after_memorising(tok):
     assert losses[-1] < 0.05
     assert toy.greedy_accuracy(model, tok, data, batch_size=3) == 1.0
     # The teacher-forced form of greedy exact match that early stopping uses agrees.
-    batch = toy._teacher_forcing_batch(tok, list(data["prompt"]), list(data["answer"]))
+    batch = warm_start._teacher_forcing_batch(tok, list(data["prompt"]), list(data["answer"]))
     logits = model(**batch, position_ids=position_ids_from_mask(batch["attention_mask"])).logits
-    assert toy._sequence_exact_match(logits, batch["labels"]).all()
+    assert warm_start._sequence_exact_match(logits, batch["labels"]).all()
 
 
 # --- cached warm-started addition model ---------------------------------------------------------
@@ -267,7 +281,7 @@ def test_cache_trains_once_then_loads(tmp_path, capsys, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the second call must load from the cache")
 
-    monkeypatch.setattr(toy, "_train_supervised", no_training)
+    monkeypatch.setattr(warm_start, "_train_supervised", no_training)
     loaded, loaded_tok = toy.warm_started_addition_model(tmp_path, **SMALL)
     assert "loaded from cache" in capsys.readouterr().out
     assert _same_weights(model, loaded) and not loaded.training
@@ -285,7 +299,7 @@ def test_target_accuracy_stops_early(tmp_path):
     # A target of 0 is met as soon as the accuracy window is full: 256 rows, 32 batches of 8.
     toy.warm_started_addition_model(tmp_path, verbose=False, **{**SMALL, "warm_start_steps": 100, "target_accuracy": 0.0})
     (entry,) = tmp_path.iterdir()
-    assert json.loads((entry / "warm_start.json").read_text())["steps_run"] == toy._TARGET_WINDOW // 8
+    assert json.loads((entry / "warm_start.json").read_text())["steps_run"] == warm_start._TARGET_WINDOW // 8
 
 
 def test_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
@@ -295,7 +309,33 @@ def test_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     broken.save_pretrained = fail
-    monkeypatch.setattr(toy, "build_char_tokenizer", lambda: broken)
+    monkeypatch.setattr(warm_start, "build_char_tokenizer", lambda: broken)
     with pytest.raises(KeyboardInterrupt):
         toy.warm_started_addition_model(tmp_path, **SMALL)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- outside the core ---------------------------------------------------------------------------
+
+_IMPORT_CORE = """
+import importlib, pkgutil, sys
+import rloo, rloo.trainer, rloo.cli
+assert "rloo.toy" not in sys.modules, "importing rloo, rloo.trainer or rloo.cli imported rloo.toy"
+
+def import_all(package):  # every module below `package`, rloo.toy left out
+    for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        if module.name != "rloo.toy":
+            imported = importlib.import_module(module.name)
+            if module.ispkg:
+                import_all(imported)
+
+import_all(rloo)
+toy = sorted(name for name in sys.modules if name == "rloo.toy" or name.startswith("rloo.toy."))
+assert not toy, f"importing the core imported {toy}"
+"""
+
+
+def test_core_does_not_import_toy():
+    # In a fresh interpreter: this test process has imported rloo.toy already.
+    result = subprocess.run([sys.executable, "-c", _IMPORT_CORE], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr

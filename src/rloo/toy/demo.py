@@ -20,8 +20,11 @@ from typing import Sequence
 import torch
 
 from ..config import RLOOConfig
-from . import ADDITION_NUM_EVAL, addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
+from ..rewards import exact_match
 from ..trainer import RLOOTrainer
+from .evaluation import greedy_accuracy
+from .tasks import addition_split
+from .warm_start import ADDITION_NUM_EVAL, warm_started_addition_model
 
 
 def default_cache_dir() -> Path:
@@ -79,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         log_completions=True,
         num_completions_to_print=4,
     )
-    trainer = RLOOTrainer(model, reward_funcs=exact_match_reward, args=config,
+    trainer = RLOOTrainer(model, reward_funcs=exact_match, args=config,
                           train_dataset=train_dataset, processing_class=tokenizer)
     trainer.train()
 
