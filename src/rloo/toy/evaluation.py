@@ -6,6 +6,7 @@ import torch
 import transformers
 from datasets import Dataset
 
+from ..data.prompts import tokenize_prompts
 from ..generation import FastSampler
 from ..rewards import exact_match
 
@@ -27,7 +28,7 @@ def greedy_completions(
     Args:
         model: a causal LM; put in eval mode.
         tokenizer: gives the pad and eos ids and decodes the completions.
-        prompts: prompt strings, encoded as written (no BOS added) and left-padded.
+        prompts: prompt strings, tokenized as the trainer tokenizes them (`data.prompts.tokenize_prompts`).
         max_new_tokens: longest completion in tokens; generation also stops at eos.
         batch_size: prompts per sampler call.
 
@@ -39,7 +40,8 @@ def greedy_completions(
                           max_new_tokens=max_new_tokens, do_sample=False)
     texts: list[str] = []
     for start in range(0, len(prompts), batch_size):
-        prompt_ids = tokenizer(prompts[start : start + batch_size], add_special_tokens=False)["input_ids"]
+        # Tokenized as the trainer tokenizes prompts (the tokenizer's default special tokens, e.g. BOS).
+        prompt_ids = tokenize_prompts(prompts[start : start + batch_size], tokenizer, tokenizer.model_max_length)
         batch = sampler.sample(model, prompt_ids, num_generations=1)  # pads on the left itself
         texts += [t.strip() for t in tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)]
     return texts

@@ -22,6 +22,7 @@ import transformers
 from datasets import Dataset
 
 from ..algo.logprobs import position_ids_from_mask
+from ..data.prompts import tokenize_prompts
 from ..generation import left_pad
 from .evaluation import greedy_accuracy
 from .models import build_tiny_model, set_generation_ids
@@ -121,7 +122,7 @@ def _teacher_forcing_batch(
 ) -> dict[str, torch.Tensor]:
     """Left-padded prompt + answer + eos rows, with labels only on the answer and eos tokens."""
     eos_id = tokenizer.eos_token_id
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    prompt_ids = tokenize_prompts(prompts, tokenizer, tokenizer.model_max_length)  # as the trainer sees them
     answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"]
     rows = [p + a + [eos_id] for p, a in zip(prompt_ids, answer_ids)]
     targets = [[-100] * len(p) + a + [eos_id] for p, a in zip(prompt_ids, answer_ids)]  # -100: no loss
