@@ -24,7 +24,8 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from . import trl_compat, trl_script
-from .config import ALIASES, ConfigError, RLOOConfig, check_field_types, field_docs, parse_field
+from .config import ALIASES, ConfigError, RLOOConfig, field_docs
+from .config_checks import check_field_types, parse_field
 
 
 @dataclass

@@ -21,17 +21,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import importlib.util
 import inspect
 import logging
-import math
-import os
 import textwrap
-import typing
 from dataclasses import dataclass
 from typing import Any
 
-from .trackers import check_report_to
 from . import trl_compat
 
 logger = logging.getLogger(__name__)
@@ -310,7 +305,9 @@ class RLOOConfig:
     gradients, leave the weights unchanged, log a warning and `train/nonfinite_skipped`) or "stop" (raise)."""
 
     def __post_init__(self) -> None:
-        _validate(self)
+        from .config_checks import validate  # here: that module imports this one
+
+        validate(self)
 
     # --- derived sizes (per process) ---
     @property
@@ -394,233 +391,6 @@ def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _exact_div(numerator: int, denominator: int, message: str) -> int:
-    if denominator <= 0 or numerator % denominator != 0:
-        raise ConfigError(message)
-    return numerator // denominator
-
-
-def _validate(c: RLOOConfig) -> None:
-    def require(ok: bool, message: str) -> None:
-        if not ok:
-            raise ConfigError(message)
-
-    check_field_types(c)
-
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_prompt_length",
-                 "max_completion_length", "num_iterations", "num_mini_batches", "logging_steps",
-                 "num_completions_to_print"):
-        value = getattr(c, name)
-        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                f"{name} must be a positive integer, got {value!r}.")
-    for name, value, choices in (("advantage_estimator", c.advantage_estimator, ADVANTAGE_ESTIMATORS),
-                                 ("kl_penalty", c.kl_penalty, KL_PENALTIES),
-                                 ("kl_estimator", c.kl_estimator, KL_ESTIMATORS),
-                                 ("loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)):
-        require(value in choices, f"{name} must be one of {choices}, got {value!r}.")
-    if c.advantage_estimator == "reinforce":
-        require(isinstance(c.num_generations, int) and c.num_generations >= 1,
-                f"num_generations must be a positive integer, got {c.num_generations!r}.")
-    else:
-        require(isinstance(c.num_generations, int) and c.num_generations >= 2,
-                f"num_generations (K) must be at least 2 with advantage_estimator={c.advantage_estimator!r}: "
-                f"its baseline compares each completion with the other completions of its prompt, so "
-                f"K={c.num_generations!r} leaves none and nothing would be learned. Set num_generations >= 2 "
-                f"(4 is typical), or use advantage_estimator='reinforce' (no baseline).")
-    _exact_div(
-        c.completions_per_step, c.num_generations,
-        f"per_device_train_batch_size * gradient_accumulation_steps = {c.per_device_train_batch_size} * "
-        f"{c.gradient_accumulation_steps} = {c.completions_per_step} completions per step must be a multiple "
-        f"of num_generations = {c.num_generations}, so that every prompt's group of completions is generated "
-        f"and scored together. Change per_device_train_batch_size, gradient_accumulation_steps or num_generations.",
-    )
-    require(c.learning_rate > 0, f"learning_rate must be > 0, got {c.learning_rate!r}.")
-    require(c.lr_scheduler_type in LR_SCHEDULERS,
-            f"lr_scheduler_type must be one of {LR_SCHEDULERS}, got {c.lr_scheduler_type!r}.")
-    require(0.0 <= c.warmup_ratio <= 1.0, f"warmup_ratio must be in [0, 1], got {c.warmup_ratio!r}.")
-    require(c.warmup_steps >= 0, f"warmup_steps must be >= 0, got {c.warmup_steps!r}.")
-    require(not (c.warmup_ratio > 0 and c.warmup_steps > 0),
-            f"warmup_ratio={c.warmup_ratio} and warmup_steps={c.warmup_steps} were both given; set only one.")
-    require(c.weight_decay >= 0, f"weight_decay must be >= 0, got {c.weight_decay!r}.")
-    require(0 <= c.adam_beta1 < 1 and 0 <= c.adam_beta2 < 1, "adam_beta1 and adam_beta2 must be in [0, 1).")
-    require(c.adam_epsilon > 0, f"adam_epsilon must be > 0, got {c.adam_epsilon!r}.")
-    require(c.max_grad_norm >= 0, f"max_grad_norm must be >= 0 (0 disables clipping), got {c.max_grad_norm!r}.")
-    require(c.optim in OPTIMIZERS, f"optim must be one of {OPTIMIZERS}, got {c.optim!r}.")
-    if c.optim == "adamw_8bit":
-        require(importlib.util.find_spec("bitsandbytes") is not None,
-                "optim='adamw_8bit' needs bitsandbytes and a CUDA GPU: `pip install bitsandbytes`, "
-                "or use optim='adamw_torch'.")
-    require(not (c.bf16 and c.fp16), "bf16 and fp16 are both set; choose one mixed-precision mode.")
-    require(c.temperature > 0, f"temperature must be > 0, got {c.temperature!r}.")
-    require(0 < c.top_p <= 1, f"top_p must be in (0, 1], got {c.top_p!r}.")
-    require(isinstance(c.top_k, int) and c.top_k >= 0, f"top_k must be an integer >= 0 (0 disables), got {c.top_k!r}.")
-    require(c.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {c.sampler!r}.")
-    require(c.beta >= 0, f"beta (KL coefficient) must be >= 0, got {c.beta!r}.")
-    require(c.epsilon > 0, f"epsilon (clip range) must be > 0, got {c.epsilon!r}.")
-    require(c.epsilon_high is None or c.epsilon_high >= c.epsilon,
-            f"epsilon_high={c.epsilon_high!r} is below epsilon={c.epsilon!r}: clip-higher (DAPO) widens the "
-            f"upper side only. Set epsilon_high >= epsilon, or leave it unset for symmetric clipping.")
-    require(c.entropy_coef >= 0, f"entropy_coef must be >= 0 (a bonus; 0 disables), got {c.entropy_coef!r}.")
-    require(c.missing_eos_penalty is None or c.missing_eos_penalty >= 0,
-            f"missing_eos_penalty must be >= 0 (it is subtracted from the score) or unset, got {c.missing_eos_penalty!r}.")
-    require(_valid_clip_range(c.reward_clip_range),
-            f"reward_clip_range must be a number > 0, a pair (low, high) with low < high, or unset; "
-            f"got {c.reward_clip_range!r}.")
-    require(c.stop_strings is None or (len(c.stop_strings) > 0 and all(isinstance(t, str) and t for t in c.stop_strings)),
-            f"stop_strings must be a non-empty list of non-empty strings or unset, got {c.stop_strings!r}.")
-    require(c.stop_token_ids is None or (len(c.stop_token_ids) > 0 and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in c.stop_token_ids)),
-            f"stop_token_ids must be a non-empty list of token ids (integers >= 0) or unset, got {c.stop_token_ids!r}.")
-    if c.kl_penalty == "token":
-        require(c.advantage_estimator in ("rloo", "drgrpo", "reinforce") and not c.normalize_advantages,
-                f"kl_penalty='token' adds the KL reward-to-go to each token's advantage in reward units, but "
-                f"advantage_estimator={c.advantage_estimator!r} / normalize_advantages={c.normalize_advantages} "
-                f"rescale advantages by a std. Use advantage_estimator 'rloo', 'drgrpo' or 'reinforce' without "
-                f"normalize_advantages, or kl_penalty='sequence' or 'loss'.")
-    if c.kl_penalty == "loss" and c.kl_estimator == "k1" and c.beta > 0:
-        # Allowed (the user's choice stands), but worth a word: E_pi[grad log pi] = 0.
-        logger.warning("kl_penalty='loss' with kl_estimator='k1': the gradient of the k1 term, beta * grad log pi, "
-                       "is zero in expectation on-policy, so it only adds noise. GRPO uses kl_estimator='k3'.")
-    if c.top_p < 1 or c.top_k > 0:
-        # Allowed (TRL does the same), but the user should know what the ratio and the KL refer to.
-        logger.warning("top_p=%s / top_k=%s filter only the sampling: the old, reference and training log-probs are "
-                       "taken from the unfiltered distribution at temperature %s, so the ratio and the KL do not "
-                       "refer to the distribution that was sampled (see docs/algorithm.md).", c.top_p, c.top_k,
-                       c.temperature)
-    if c.normalize_rewards or c.normalize_advantages:
-        require(c.completions_per_rollout >= 2,
-                f"normalize_rewards / normalize_advantages whiten over the {c.completions_per_rollout} completion(s) "
-                f"of a rollout on one process; one completion has no spread. Raise per_device_train_batch_size, "
-                f"gradient_accumulation_steps, num_mini_batches or num_generations, or turn normalisation off.")
-    require(c.max_steps == -1 or c.max_steps >= 1, f"max_steps must be -1 or >= 1, got {c.max_steps!r}.")
-    require(c.num_train_epochs > 0, f"num_train_epochs must be > 0, got {c.num_train_epochs!r}.")
-    require(c.total_episodes is None or c.total_episodes >= 1,
-            f"total_episodes must be >= 1 or unset, got {c.total_episodes!r}.")
-    require(not (c.max_steps > 0 and c.total_episodes is not None),
-            f"max_steps={c.max_steps} and total_episodes={c.total_episodes} both set the run's length; give one.")
-    require(c.save_steps >= 0, f"save_steps must be >= 0 (0 disables checkpoints), got {c.save_steps!r}.")
-    if c.save_steps > 0:
-        _exact_div(
-            c.save_steps, c.steps_per_rollout,
-            f"save_steps={c.save_steps} must be a multiple of num_iterations * num_mini_batches = "
-            f"{c.num_iterations} * {c.num_mini_batches} = {c.steps_per_rollout}, the optimizer steps of one "
-            f"rollout: a checkpoint is written between rollouts so that resuming repeats nothing. Change save_steps.",
-        )
-    require(c.save_total_limit is None or c.save_total_limit >= 1,
-            f"save_total_limit must be >= 1 or unset, got {c.save_total_limit!r}.")
-    require(c.eval_steps >= 0, f"eval_steps must be >= 0, got {c.eval_steps!r}.")
-    require(c.num_generations_eval is None or (isinstance(c.num_generations_eval, int) and c.num_generations_eval >= 1),
-            f"num_generations_eval must be an integer >= 1 or unset (num_generations), got {c.num_generations_eval!r}.")
-    require(c.reward_weights is None or (len(c.reward_weights) > 0 and all(isinstance(w, (int, float)) for w in c.reward_weights)),
-            f"reward_weights must be a non-empty list of numbers or unset, got {c.reward_weights!r}.")
-    require(c.truncate_prompts in TRUNCATE_PROMPTS,
-            f"truncate_prompts must be one of {TRUNCATE_PROMPTS}, got {c.truncate_prompts!r}.")
-    require(c.chat_template_kwargs is None or isinstance(c.chat_template_kwargs, dict),
-            f"chat_template_kwargs must be a mapping of argument names to values or unset, got "
-            f"{c.chat_template_kwargs!r}.")
-    try:  # names only; whether each is installed is checked when the trainer starts its trackers
-        check_report_to(c.report_to)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    require(c.model_init_kwargs is None or isinstance(c.model_init_kwargs, dict),
-            f"model_init_kwargs must be a mapping of from_pretrained arguments or unset, got {c.model_init_kwargs!r}.")
-    dtype = (c.model_init_kwargs or {}).get("dtype", "auto")
-    require(dtype in MODEL_DTYPES or not isinstance(dtype, str),
-            f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
-    require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
-    require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",
-            f"output_dir must be a non-empty directory path, got {c.output_dir!r}.")
-    require(not os.path.exists(c.output_dir) or os.path.isdir(c.output_dir),
-            f"output_dir={c.output_dir!r} exists and is not a directory; give a directory path.")
-
-    _validate_scale_out(c, require)
-
-
-def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether value has the field type `hint` (bool is not a number; an int is a float)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return any(_matches(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if origin in (list, dict, tuple):  # containers have their own checks with their own messages in _validate
-        return True
-    return isinstance(value, hint)
-
-
-def check_field_types(config: Any) -> None:
-    """Every field holds a value of its annotated type, and every float is finite.
-
-    A string such as "false" or "1e-5" is refused here (Python treats "false" as true); the CLI
-    parses YAML and flag text into the field's type before the config is built (`parse_field`).
-    """
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        value, hint = getattr(config, f.name), hints[f.name]
-        if not _matches(value, hint):
-            raise ConfigError(f"{f.name} must be of type {_type_name(hint)}, got {value!r} "
-                              f"({type(value).__name__}); e.g. {f.name}={f.default!r}. (Text such as 'false' or '1e-5' is parsed only "
-                              f"from YAML and flags; in Python pass the value itself.)")
-        numbers = value if isinstance(value, (list, tuple)) else [value]
-        for number in numbers:
-            if isinstance(number, float) and not math.isfinite(number):
-                raise ConfigError(f"{f.name} must be a finite number, got {value!r}.")
-
-
-def parse_field(cls: type, name: str, value: Any) -> Any:
-    """A YAML or flag value converted to field `name`'s type when it is text of that type: "1e-5" for
-    a float (YAML 1.1 reads 1e-5 as a string), "false"/"no" for a bool. Other values pass unchanged."""
-    hint = typing.get_type_hints(cls).get(name)
-    if hint is None or not isinstance(value, str):
-        return value
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    base = args[0] if typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None)) \
-        and len(args) == 1 else hint
-    lowered = value.strip().lower()
-    if base is bool:
-        if lowered in ("1", "true", "yes", "y", "on"):
-            return True
-        if lowered in ("0", "false", "no", "n", "off"):
-            return False
-        raise ConfigError(f"{name} must be true or false, got {value!r}.")
-    if base in (int, float):
-        try:
-            return base(value)
-        except ValueError:
-            raise ConfigError(f"{name} must be {'an integer' if base is int else 'a number'}, got {value!r}.") from None
-    return value
-
-
-def _validate_scale_out(c: RLOOConfig, require: Any) -> None:
-    """The scale-out block: vLLM options and the truncated importance-sampling cap."""
-    require(c.vllm_mode in VLLM_MODES, f"vllm_mode must be one of {VLLM_MODES}, got {c.vllm_mode!r}.")
-    require(0 < c.vllm_gpu_memory_utilization <= 1,
-            f"vllm_gpu_memory_utilization must be in (0, 1], got {c.vllm_gpu_memory_utilization!r}.")
-    require(isinstance(c.vllm_tensor_parallel_size, int) and c.vllm_tensor_parallel_size >= 1,
-            f"vllm_tensor_parallel_size must be a positive integer, got {c.vllm_tensor_parallel_size!r}.")
-    require(c.vllm_server_timeout > 0, f"vllm_server_timeout must be > 0, got {c.vllm_server_timeout!r}.")
-    require(c.vllm_importance_sampling_cap >= 1,
-            f"vllm_importance_sampling_cap must be >= 1 (a cap below 1 would shrink every on-policy token), "
-            f"got {c.vllm_importance_sampling_cap!r}; turn the correction off with "
-            f"vllm_importance_sampling_correction=False instead.")
-    if c.sampler == "vllm":
-        require(importlib.util.find_spec("vllm") is not None or c.vllm_mode == "server",
-                "sampler='vllm' with vllm_mode='colocate' needs vLLM in this process: `pip install rloo[vllm]` "
-                "(CUDA only), or use vllm_mode='server' with a `trl vllm-serve` server, or sampler='fast'.")
-
-
 @functools.cache
 def field_docs(cls: type = RLOOConfig) -> dict[str, str]:
     """The docstring written under each dataclass field, read from the source (for --help)."""
@@ -636,13 +406,4 @@ def field_docs(cls: type = RLOOConfig) -> dict[str, str]:
     return docs
 
 
-__all__ = ["RLOOConfig", "ConfigError", "check_field_types", "parse_field", "ALIASES", "field_docs", "resolve_aliases"]
-
-
-def _valid_clip_range(value: Any) -> bool:
-    """reward_clip_range: None, a number > 0 (TRL v0), or a (low, high) pair with low < high (TRL v1)."""
-    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
-    if value is None or (number(value) and value > 0):
-        return True
-    return (isinstance(value, (tuple, list)) and len(value) == 2 and all(number(v) for v in value)
-            and value[0] < value[1])
+__all__ = ["RLOOConfig", "ConfigError", "ALIASES", "field_docs", "resolve_aliases"]

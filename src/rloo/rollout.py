@@ -122,6 +122,7 @@ class RolloutCollector:
         statistics of every process's rows: all processes must then call `collect` together with the
         same number of rows (training does; evaluation, whose processes may hold different counts, does not).
         """
+        # Steps 1-4 stay in one function (~65 lines) so that the pipeline reads top to bottom.
         args, k = self.args, self.args.num_generations
         gather = self.accelerator.gather if global_stats else None
         prompts = [row["prompt"] for row in rows]
@@ -146,19 +147,8 @@ class RolloutCollector:
                               args.reward_clip_range, valid, gather=gather)  # (B,) global stats
 
         # 3. Fold the KL into the reward before the baseline (kl_penalty "sequence" and "token").
-        mask = sampled.completion_mask
-        old_logps = ref_logps = None
-        token_kls = torch.zeros_like(mask, dtype=torch.float32)  # (B, C)
-        # Log-probs from another engine are checked against the trainer's own (and corrected, TIS).
         from_engine = sampled.logprobs is not None and not sampled.logprobs_from_policy
-        if args.beta > 0 or args.steps_per_rollout > 1 or from_engine:
-            old_logps = self.trusted_sampler_logprobs(sampled)
-            if old_logps is None:  # the extra no-grad policy pass
-                old_logps = self.logprobs(self.accelerator.unwrap_model(self.model), sampled)
-        if args.beta > 0:
-            with self.reference_model() as reference:
-                ref_logps = self.logprobs(reference, sampled)
-            token_kls = token_kl(old_logps, ref_logps, args.kl_estimator) * mask  # (B, C)
+        old_logps, ref_logps, token_kls = self.kl_terms(sampled, from_engine)
         seq_kl = token_kls.sum(dim=1)  # (B,) measured in every mode, penalised in two
         rewards = scores if args.kl_penalty == "loss" else kl_penalized_reward(scores, seq_kl, args.beta)  # (B,)
 
@@ -170,13 +160,13 @@ class RolloutCollector:
             advantages = whiten(advantages, valid, gather=gather)
         token_advantages = None
         if args.kl_penalty == "token" and args.beta > 0:  # each token's return counts only the KL after it
-            token_advantages = token_kl_advantages(advantages, token_kls, mask, args.beta)  # (B, C)
+            token_advantages = token_kl_advantages(advantages, token_kls, sampled.completion_mask, args.beta)  # (B, C)
 
         rollout = Rollout(
             prompt_ids=sampled.prompt_ids,
             prompt_mask=sampled.prompt_mask,
             completion_ids=sampled.completion_ids,
-            completion_mask=mask,
+            completion_mask=sampled.completion_mask,
             old_logps=old_logps if args.steps_per_rollout > 1 else None,
             ref_logps=ref_logps if args.kl_penalty == "loss" else None,
             raw_scores=raw_scores,
@@ -190,13 +180,38 @@ class RolloutCollector:
             trained=valid & (sampled.has_eos | (not args.mask_truncated_completions)),
         )
         if from_engine:  # the sampler is another engine: measure (and correct) the mismatch
-            sampler_logps = sampled.logprobs.to(old_logps.device)
-            cap = args.vllm_importance_sampling_cap
-            rollout.mismatch = mismatch_sums(old_logps, sampler_logps, mask, cap)
-            if args.vllm_importance_sampling_correction:
-                rollout.is_weights = truncated_importance_weights(old_logps, sampler_logps, mask, cap)
+            self.correct_engine_mismatch(rollout, old_logps, sampled)
         return rollout, Samples(prompts=repeated_prompts, completions=completions, extra=dict(reward_log.columns),
                                 metrics=reward_log.metrics())
+
+    def kl_terms(self, sampled: SampledBatch, from_engine: bool
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """(B, C) log pi_old (None when nothing needs it), (B, C) log pi_ref (None at beta 0) and the
+        (B, C) per-token KL, zero at padding (all zeros at beta 0).
+
+        pi_old comes from the sampler when it ran this very policy in fp32 (`trusted_sampler_logprobs`),
+        else from one no-grad pass; an engine's log-probs (vLLM) never stand in for it."""
+        args, mask = self.args, sampled.completion_mask
+        old_logps = ref_logps = None
+        token_kls = torch.zeros_like(mask, dtype=torch.float32)  # (B, C)
+        if args.beta > 0 or args.steps_per_rollout > 1 or from_engine:
+            old_logps = self.trusted_sampler_logprobs(sampled)
+            if old_logps is None:  # the extra no-grad policy pass
+                old_logps = self.logprobs(self.accelerator.unwrap_model(self.model), sampled)
+        if args.beta > 0:
+            with self.reference_model() as reference:
+                ref_logps = self.logprobs(reference, sampled)
+            token_kls = token_kl(old_logps, ref_logps, args.kl_estimator) * mask  # (B, C)
+        return old_logps, ref_logps, token_kls
+
+    def correct_engine_mismatch(self, rollout: Rollout, old_logps: torch.Tensor, sampled: SampledBatch) -> None:
+        """Another engine sampled: log the gap between its log-probs and the trainer's (`mismatch`),
+        and with vllm_importance_sampling_correction weight each token by the capped ratio (TIS)."""
+        sampler_logps = sampled.logprobs.to(old_logps.device)
+        cap = self.args.vllm_importance_sampling_cap
+        rollout.mismatch = mismatch_sums(old_logps, sampler_logps, sampled.completion_mask, cap)
+        if self.args.vllm_importance_sampling_correction:
+            rollout.is_weights = truncated_importance_weights(old_logps, sampler_logps, sampled.completion_mask, cap)
 
     def sample(self, prompts: list, num_generations: int | None = None) -> SampledBatch:
         """K completions of each prompt (num_generations for eval), cut after the first stop string

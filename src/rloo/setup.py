@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from accelerate import Accelerator
@@ -15,11 +15,12 @@ from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
 
 from . import loading, trl_compat
-from .config import RLOOConfig
+from .config import ConfigError, RLOOConfig
 from .trackers import resolve_report_to
 from .data.schedule import PromptSchedule
 from .generation import FastSampler, GenerateSampler, Sampler
 from .launch import check_launch
+from .rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
 
 
 def build_accelerator(args: RLOOConfig) -> Accelerator:
@@ -67,7 +68,6 @@ def check_model_name(model: Any) -> None:
     """A model given by name must be an existing local directory or look like a Hub id ("org/name")."""
     from pathlib import Path
 
-    from .config import ConfigError
 
     if not isinstance(model, str):
         return
@@ -84,7 +84,6 @@ def check_model_name(model: Any) -> None:
 def check_causal_lm(model: torch.nn.Module) -> None:
     """Refuse a sequence-classification checkpoint (a reward model) given as the policy, by the class
     it was saved from (config.architectures), whatever it was loaded as."""
-    from .config import ConfigError
 
     config = getattr(model, "config", None)
     names = [*(getattr(config, "architectures", None) or []), type(model).__name__]
@@ -219,3 +218,17 @@ def default_sampler(args: RLOOConfig, tokenizer: Any, model: torch.nn.Module | N
         return PagedSampler(**common)
     sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
     return sampler_class(**common)
+
+
+def build_rewards(args: RLOOConfig, reward_funcs: Any, reward_processing_classes: Any, device: Any,
+                  column_names: Sequence[str]) -> tuple[list[RewardFunction], list[float]]:
+    """The wrapped reward functions (reward models loaded with model_init_kwargs) and their weights;
+    a function needing an argument that neither the trainer nor the dataset provides is refused now."""
+    functions = build_reward_functions(reward_funcs, reward_processing_classes, device, loading.model_init_kwargs(args))
+    available = set(TRAINER_ARGUMENTS) | (set(column_names) - {"prompt"})
+    for fn in functions:
+        fn.check_available(available)
+    weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * len(functions)
+    if len(weights) != len(functions):
+        raise ConfigError(f"reward_weights has {len(weights)} weights for {len(functions)} reward functions.")
+    return functions, weights

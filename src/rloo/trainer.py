@@ -29,14 +29,13 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from . import checkpoint, evaluation, loading, setup, trainer_api
+from . import checkpoint, evaluation, setup, trainer_api
 from .config import ConfigError, RLOOConfig
 from .run_control import StopSignals, prepare_output_dir, truncate_history
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
 from .data.schedule import PromptSchedule, select_rows
 from .generation.base import Sampler
 from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics
-from .rewards.scoring import TRAINER_ARGUMENTS, build_reward_functions
 from .rollout import Rollout, RolloutCollector, Samples
 from .update import Learner, mini_batches
 
@@ -84,16 +83,7 @@ class RLOOTrainer:
         optimizers: tuple[Any, Any] = (None, None),
         quantization_config: Any = None,
     ) -> None:
-        if reward_funcs is not None and reward_model is not None:
-            raise ConfigError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
-        reward_funcs = reward_funcs if reward_funcs is not None else reward_model
-        if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0):
-            raise ConfigError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
-        if train_dataset is None:
-            raise ConfigError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
-        if sampler is not None and not isinstance(sampler, Sampler):
-            raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
-                            f"sample(model, prompts, num_generations) and on_optimizer_step(model).")
+        reward_funcs = _check_arguments(reward_funcs, reward_model, train_dataset, sampler)
         self.args = args = args if args is not None else RLOOConfig()
         self.accelerator = acc = setup.build_accelerator(args)
         set_seed(args.seed)
@@ -102,14 +92,7 @@ class RLOOTrainer:
         train_dataset = trainer_api.take_rows(train_dataset, "train_dataset", None if args.max_steps < 0 else
                                               -(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
                                               * acc.num_processes)
-        eval_sets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]
-        # Prompts are checked before any weights are loaded or sizes derived.
-        for dataset, name in ((train_dataset, "train_dataset"),
-                              *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
-            if dataset is not None:
-                check_prompt_dataset(dataset, name)
-                check_prompt_lengths(dataset, name, self.tokenizer, args.max_prompt_length, args.truncate_prompts,
-                                     args.chat_template_kwargs)
+        self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
         policy = setup.load_policy(model, peft_config, args, quantization_config)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
@@ -126,15 +109,8 @@ class RLOOTrainer:
         self.reference = None if reference is None else acc.prepare_model(reference, evaluation_mode=True)
 
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.reward_functions = build_reward_functions(reward_funcs, reward_processing_classes, acc.device,
-                                                       loading.model_init_kwargs(args))
-        available = set(TRAINER_ARGUMENTS) | (set(train_dataset.column_names) - {"prompt"})
-        for fn in self.reward_functions:
-            fn.check_available(available)
-        num_funcs = len(self.reward_functions)
-        self.reward_weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * num_funcs
-        if len(self.reward_weights) != num_funcs:
-            raise ConfigError(f"reward_weights has {len(self.reward_weights)} weights for {num_funcs} reward functions.")
+        self.reward_functions, self.reward_weights = setup.build_rewards(
+            args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names)
 
         if sampler is None:  # stops at the end ids the checkpoint's generation config declares, too
             sampler = setup.default_sampler(args, self.tokenizer, acc.unwrap_model(self.model))
@@ -149,13 +125,29 @@ class RLOOTrainer:
         self.run_id = uuid.uuid4().hex  # marks this run's checkpoints; a resumed run takes the checkpoint's
         self.stopped_by: str | None = None  # the signal that stopped train() early, if any
         self._claimed_output_dir = False
-        # transformers TrainerCallbacks and TrainerState (log_history); also a metrics sink.
-        self.callback_handler = trainer_api.Callbacks(callbacks, args, self.total_steps, acc.is_main_process)
+        self._attach_callbacks(callbacks)
+
+    def _check_prompts(self, train_dataset: Any, eval_dataset: Any) -> None:
+        """Every dataset has usable prompts of an acceptable length (eval_dataset may be a dict)."""
+        args = self.args
+        eval_sets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]
+        for dataset, name in ((train_dataset, "train_dataset"),
+                              *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
+            if dataset is not None:
+                check_prompt_dataset(dataset, name)
+                check_prompt_lengths(dataset, name, self.tokenizer, args.max_prompt_length, args.truncate_prompts,
+                                     args.chat_template_kwargs)
+
+    def _attach_callbacks(self, callbacks: Sequence[Any] | None) -> None:
+        """transformers TrainerCallbacks and a TrainerState (log_history), which is also a metrics sink
+        and what reward functions receive as `trainer_state`."""
+        acc = self.accelerator
+        self.callback_handler = trainer_api.Callbacks(callbacks, self.args, self.total_steps, acc.is_main_process)
         self.callback_handler.models = {"model": self.model, "processing_class": self.tokenizer,
                                         "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler}
         self.logger.sinks.append(self.callback_handler)
-        self.state = self.collector.trainer_state = self.callback_handler.state  # reward functions see it too
-        self.hub_model_id = args.hub_model_id or Path(args.output_dir).name
+        self.state = self.collector.trainer_state = self.callback_handler.state
+        self.hub_model_id = self.args.hub_model_id or Path(self.args.output_dir).name
         self.callback_handler.event("on_init_end")
 
     # ------------------------------------------------------------------ the loop
@@ -172,6 +164,7 @@ class RLOOTrainer:
             return self._train(resume_from_checkpoint)
 
     def _train(self, resume_from_checkpoint: str | bool | None) -> trainer_api.TrainOutput:
+        # The whole loop in one function (~60 lines), on purpose: it is the part a reader came for.
         args, acc = self.args, self.accelerator
         start_rollout = self._resume(resume_from_checkpoint)
         self.logger.start(args.to_dict(), args.run_name)
@@ -352,3 +345,18 @@ class RLOOTrainer:
         self.create_model_card(dataset_name=dataset_name)
         return trainer_api.push_to_hub(self.args.output_dir, self.hub_model_id, token or self.args.hub_token,
                                        self.args.hub_private_repo, revision or self.args.hub_revision, commit_message)
+
+
+def _check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any) -> Any:
+    """The arguments RLOOTrainer cannot do without; returns the reward functions (given either way)."""
+    if reward_funcs is not None and reward_model is not None:
+        raise ConfigError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
+    reward_funcs = reward_funcs if reward_funcs is not None else reward_model
+    if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0):
+        raise ConfigError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
+    if train_dataset is None:
+        raise ConfigError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
+    if sampler is not None and not isinstance(sampler, Sampler):
+        raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
+                        f"sample(model, prompts, num_generations) and on_optimizer_step(model).")
+    return reward_funcs
