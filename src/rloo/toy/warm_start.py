@@ -266,7 +266,8 @@ def warm_started_addition_model(
         learning_rate: peak AdamW learning rate of the warm start.
         digits: operand digits of the addition task.
         model_kwargs: overrides for `build_tiny_model` (e.g. a smaller model in tests).
-        verbose: print one line saying whether the model was trained or loaded from the cache.
+        verbose: say whether the model is trained or loaded from the cache, and while training print
+            the loss every 100 steps.
 
     Returns:
         (model in eval mode, tokenizer).
@@ -284,7 +285,11 @@ def warm_started_addition_model(
             print(f"warm start: loaded from cache {entry}", flush=True)
         return model, tokenizer
 
-    model, tokenizer, record = _warm_start_addition(settings)
+    if verbose:
+        print(f"warm start: training a tiny model on {settings['digits']}-digit addition (at most "
+              f"{settings['warm_start_steps']} steps, stopping at training accuracy {settings['target_accuracy']}); "
+              f"cached afterwards", flush=True)
+    model, tokenizer, record = _warm_start_addition(settings, log_every=100 if verbose else 0)
     _write_entry(entry, model, tokenizer, record)
     if verbose:
         accuracy = record["held_out_greedy_accuracy"]
@@ -294,7 +299,7 @@ def warm_started_addition_model(
 
 
 def _warm_start_addition(
-    settings: dict[str, Any],
+    settings: dict[str, Any], log_every: int = 0,
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast, dict[str, Any]]:
     """Build and warm-start the model `settings` describe; returns it, its tokenizer and the record."""
     start = time.perf_counter()
@@ -311,6 +316,7 @@ def _warm_start_addition(
         learning_rate=settings["learning_rate"],
         seed=seed,
         target_accuracy=settings["target_accuracy"],
+        log_every=log_every,
     )
     train_seconds = time.perf_counter() - start
     max_new_tokens = digits + 3  # the longest answer (digits + 1) and eos, plus one to spare
