@@ -11,6 +11,9 @@ With `num_mini_batches` M > 1 (TRL v0 style) that product is ONE MINI-BATCH: eac
 and spends them in M optimizer steps, `num_iterations` times over: a rollout is
 `steps_per_rollout = num_iterations * M` optimizer steps.
 
+The module is the dataclass with a docstring under every field (a little over 400 lines, kept whole
+so that one file documents every option); the checks live in `config_checks`.
+
 The config fails loudly on bad values and never rewrites what the user gave. The names that
 TRL v0 and the seed scripts use (`kl_coef`, `rloo_k`, `cliprange`, `num_ppo_epochs`,
 `response_length`) are accepted as keyword aliases of the canonical fields.
