@@ -1,4 +1,10 @@
-"""Shared fixtures: a character tokenizer and tiny random models, built locally in milliseconds."""
+"""Shared fixtures: a character tokenizer and tiny random models, built locally in milliseconds;
+and a two-process torchrun launcher for the multi-process tests."""
+
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -36,3 +42,24 @@ def digit_dataset():
 def digit_fraction(completions, **kwargs):
     """Fraction of characters that are digits: easy to raise from a random init."""
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(script, *script_args, use_cpu: bool = True) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node 2 script args` on CPU processes; ACCELERATE_USE_CPU=1 makes accelerate
+    join them into one world (without it accelerate sees two unconnected runs)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("ACCELERATE_USE_CPU", None)
+    if use_cpu:
+        env["ACCELERATE_USE_CPU"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         str(script), *map(str, script_args)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )

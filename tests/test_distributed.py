@@ -1,30 +1,16 @@
 """Two processes with accelerate on CPU: whole groups per process, global counts, weights in sync."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from conftest import torchrun
 
 
 def test_two_processes_keep_groups_whole_and_weights_in_sync(tmp_path):
-    script = Path(__file__).with_name("distributed_run.py")
     # On CPU, accelerate runs multi-process (gloo) under torchrun when ACCELERATE_USE_CPU is set.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-         str(script), str(tmp_path)],
-        capture_output=True, text=True, timeout=600, env=env,
-    )
+    result = torchrun(Path(__file__).with_name("distributed_run.py"), tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(r["num_processes"] == 2 for r in ranks)

@@ -109,3 +109,20 @@ def test_rloo_eval_cli_on_a_saved_model(tmp_path, make_model, tokenizer, capsys)
         assert 0.0 <= results[name] <= 3.0, name
     assert "eval/rewards/exact_match/pass@4" in capsys.readouterr().out
     assert not (tmp_path / "out" / "metrics.jsonl").exists()  # nothing trained, nothing logged as training
+
+
+def test_eval_gives_reward_functions_trls_log_extra_and_log_metric(tmp_path, make_model, tokenizer, digit_dataset):
+    calls = []
+
+    def logging_reward(completions, log_extra, log_metric, **kwargs):
+        log_extra("chars", [len(c) for c in completions])
+        log_metric("calls", 1.0)
+        calls.append(len(completions))
+        return [1.0] * len(completions)
+
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=4, max_steps=1, save_steps=0, seed=0)
+    trainer = RLOOTrainer(make_model(), logging_reward, args=args, train_dataset=digit_dataset,
+                          eval_dataset=digit_dataset.select(range(2)), processing_class=tokenizer)
+    assert trainer.evaluate()["eval/reward"] == 1.0
+    assert calls == [8]  # 2 eval prompts x K=4, scored together

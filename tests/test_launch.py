@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,14 +12,11 @@ import yaml
 
 from rloo.launch import LaunchError, check_launch, launched_world_size
 
+from conftest import free_port, torchrun
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "examples" / "accelerate_configs"
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_world_size_from_the_launcher_environment():
@@ -61,12 +57,7 @@ def _env() -> dict:
 
 
 def test_torchrun_without_use_cpu_is_refused_not_duplicated(tmp_path):
-    script = ROOT / "tests" / "distributed_run.py"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-         str(script), str(tmp_path)],
-        capture_output=True, text=True, timeout=600, env=_env(),
-    )
+    result = torchrun(ROOT / "tests" / "distributed_run.py", tmp_path, use_cpu=False)
     assert result.returncode != 0
     assert "2 unconnected copies" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -77,7 +68,7 @@ def test_documented_accelerate_cpu_line_runs_one_world_of_two(tmp_path):
     """docs/launching.md: accelerate launch --config_file .../multi_cpu.yaml ... --use_cpu."""
     script = ROOT / "tests" / "distributed_run.py"
     config = yaml.safe_load((CONFIGS / "multi_cpu.yaml").read_text())
-    config["main_process_port"] = _free_port()
+    config["main_process_port"] = free_port()
     config_file = tmp_path / "multi_cpu.yaml"
     config_file.write_text(yaml.safe_dump(config))
     result = subprocess.run(

@@ -15,9 +15,8 @@ from typing import Any, Sequence
 import torch
 from accelerate.utils import gather_object
 
-from .data.prompts import as_completions
 from .data.schedule import select_rows
-from .rewards.scoring import reward_arguments, score_completions
+from .rewards.scoring import reward_function_metrics
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
@@ -69,15 +68,10 @@ def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequen
         "completions/max_length": lengths.float().max().item(),
         "completions/clipped_ratio": truncated.float().mean().item(),
     }
-    columns: list[tuple[str, torch.Tensor]] = [("", scores)]
-    for index, name in enumerate(names):
-        column = per_function[..., index]  # (P, n)
-        scored = column[~column.isnan()]
-        if scored.numel() == 0:
-            continue
-        metrics[f"rewards/{name}/mean"] = scored.mean().item()
-        metrics[f"rewards/{name}/std"] = scored.std(unbiased=False).item()
-        columns.append((f"rewards/{name}/", column))
+    per_name = reward_function_metrics(list(names), per_function.flatten(0, 1))  # mean and std of what each scored
+    metrics.update({key: value for key, value in per_name.items() if key != "rewards/unscored_frac"})
+    # pass@k of the weighted reward and of each function; is_binary skips a function that scored nothing.
+    columns = [("", scores), *((f"rewards/{name}/", per_function[..., i]) for i, name in enumerate(names))]
     for label, column in columns:
         if not is_binary(column):
             continue
@@ -87,33 +81,22 @@ def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequen
     return {prefix + key: value for key, value in metrics.items()}
 
 
-def _global_step(trainer_state: Any) -> int:
-    """The step of a TrainerState, or of the plain dict older callers pass."""
-    return trainer_state.global_step if hasattr(trainer_state, "global_step") else trainer_state.get("global_step", 0)
-
-
 @torch.no_grad()
 def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_generations: int,
-             prompts_per_batch: int, trainer_state: dict[str, Any], prefix: str = "eval/") -> dict[str, float]:
+             prompts_per_batch: int, global_step: int, prefix: str = "eval/") -> dict[str, float]:
     """Sample `num_generations` completions of every prompt of `dataset` (split over processes),
-    score them with the collector's reward functions and return `eval_metrics` on every process."""
-    acc, tokenizer = collector.accelerator, collector.tokenizer
+    score them with the collector's reward functions (`RolloutCollector.score`, unshaped) and return
+    `eval_metrics` on every process."""
+    acc = collector.accelerator
     indices = list(range(acc.process_index, len(dataset), acc.num_processes))
     parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": []}
     was_training = collector.model.training
     collector.model.eval()
     for start in range(0, len(indices), prompts_per_batch):
         rows = select_rows(dataset, indices[start : start + prompts_per_batch])
-        prompts = [row["prompt"] for row in rows]
-        sampled = collector.sample(prompts, num_generations)
-        completion_ids = [ids[m.bool()].tolist() for ids, m in zip(sampled.completion_ids, sampled.completion_mask)]
-        completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        repeated = [p for p in prompts for _ in range(num_generations)]
-        arguments = reward_arguments(rows, repeated, as_completions(repeated, completions), completion_ids,
-                                     num_generations, trainer_state)
-        scored = score_completions(collector.reward_functions, collector.reward_weights, arguments,
-                                   len(completions), step=_global_step(trainer_state))
-        shape = (len(prompts), num_generations)
+        sampled = collector.sample([row["prompt"] for row in rows], num_generations)
+        scored, _ = collector.score(rows, sampled, num_generations, global_step)
+        shape = (len(rows), num_generations)
         parts["scores"].append(scored.scores.float().cpu().view(shape))
         parts["per_function"].append(scored.per_function.float().cpu().view(*shape, -1))
         parts["lengths"].append(sampled.completion_mask.sum(dim=1).cpu().view(shape))

@@ -17,14 +17,12 @@ DEFAULT_INIT_KWARGS = {"dtype": "auto", "trust_remote_code": False}
 
 
 def model_init_kwargs(args: RLOOConfig) -> dict[str, Any]:
-    """`from_pretrained` keyword arguments from the config: dtype names become torch dtypes, a
-    quantization_config dict becomes a BitsAndBytesConfig."""
+    """`from_pretrained` keyword arguments from the config, over rloo's defaults; dtype names become
+    torch dtypes and TRL's spellings are read (`trl_compat.model_init_kwargs`), a quantization_config
+    dict becomes a BitsAndBytesConfig."""
     from .trl_compat import model_init_kwargs as trl_kwargs
 
-    # TRL's spelling: torch_dtype for dtype, trust_remote_code as its own config field.
     kwargs = {**DEFAULT_INIT_KWARGS, **trl_kwargs(args, model_is_loaded=False)}
-    if isinstance(kwargs["dtype"], str) and kwargs["dtype"] != "auto":
-        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
     if isinstance(kwargs.get("quantization_config"), dict):
         from transformers import BitsAndBytesConfig
 

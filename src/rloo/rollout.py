@@ -23,7 +23,7 @@ from .config import RLOOConfig
 from .data.prompts import as_completions, tokenize_prompts
 from .generation.base import SampledBatch, Sampler
 from .generation.stop import cut_at_stop_strings
-from .rewards.scoring import RewardFunction, reward_arguments, score_completions
+from .rewards.scoring import RewardFunction, ScoredBatch, reward_arguments, score_completions
 from .rewards.trl_names import RewardLog
 
 
@@ -125,22 +125,11 @@ class RolloutCollector:
         # Steps 1-4 stay in one function (~65 lines) so that the pipeline reads top to bottom.
         args, k = self.args, self.args.num_generations
         gather = self.accelerator.gather if global_stats else None
-        prompts = [row["prompt"] for row in rows]
-
         # 1. Sample K completions of each prompt (groups contiguous: row p*K + k), cut at stop strings.
-        sampled = self.sample(prompts)
-        completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.completion_ids, sampled.completion_mask)]
-        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        repeated_prompts = [p for p in prompts for _ in range(k)]
+        sampled = self.sample([row["prompt"] for row in rows])
 
         # 2. Score every completion (messages for conversations), then shape the scores.
-        state = self.trainer_state if self.trainer_state is not None else {"global_step": global_step, "episode": episode}
-        arguments = reward_arguments(rows, repeated_prompts, as_completions(repeated_prompts, completions),
-                                     completion_ids, k, state)
-        reward_log = RewardLog()  # TRL's log_extra / log_metric keyword arguments
-        arguments.update(log_extra=reward_log.log_extra, log_metric=reward_log.log_metric)
-        scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
-                                   step=global_step)
+        scored, samples = self.score(rows, sampled, k, global_step, episode)
         raw_scores = scored.scores.to(sampled.completion_ids.device)  # (B,)
         valid = scored.valid.to(raw_scores.device)  # (B,) False where no reward function applied
         scores = shape_scores(raw_scores, sampled.has_eos, args.missing_eos_penalty, args.normalize_rewards,
@@ -181,8 +170,24 @@ class RolloutCollector:
         )
         if from_engine:  # the sampler is another engine: measure (and correct) the mismatch
             self.correct_engine_mismatch(rollout, old_logps, sampled)
-        return rollout, Samples(prompts=repeated_prompts, completions=completions, extra=dict(reward_log.columns),
-                                metrics=reward_log.metrics())
+        return rollout, samples
+
+    def score(self, rows: list[dict[str, Any]], sampled: SampledBatch, num_generations: int, global_step: int = 0,
+              episode: int = 0) -> tuple[ScoredBatch, Samples]:
+        """Decode the B = rows * num_generations completions and call every reward function on them
+        (with TRL's `log_extra` / `log_metric`); returns the unshaped scores and the text side."""
+        completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.completion_ids, sampled.completion_mask)]
+        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        prompts = [row["prompt"] for row in rows for _ in range(num_generations)]
+        state = self.trainer_state if self.trainer_state is not None else {"global_step": global_step, "episode": episode}
+        arguments = reward_arguments(rows, prompts, as_completions(prompts, completions), completion_ids,
+                                     num_generations, state)
+        reward_log = RewardLog()
+        arguments.update(log_extra=reward_log.log_extra, log_metric=reward_log.log_metric)
+        scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
+                                   step=global_step)
+        return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns),
+                               metrics=reward_log.metrics())
 
     def kl_terms(self, sampled: SampledBatch, from_engine: bool
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:

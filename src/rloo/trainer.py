@@ -310,7 +310,7 @@ class RLOOTrainer:
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
             metrics.update(evaluation.evaluate(self.collector, dataset, [fn.name for fn in self.reward_functions],
                                               self.args.num_generations_eval or self.args.num_generations,
-                                              self.args.prompts_per_step, self.state, prefix=f"{prefix}/"))
+                                              self.args.prompts_per_step, self.global_step, prefix=f"{prefix}/"))
         self.callback_handler.event("on_evaluate", metrics=metrics)
         return metrics
 

@@ -73,12 +73,10 @@ class Learner:
         return stats
 
     def step_is_finite(self, loss: float, grad_norm: float) -> bool:
-        """False (after a warning) when any process's loss or the gradient norm is NaN or inf; with
-        nan_policy="stop" that raises instead."""
-        bad = torch.tensor(float(not (math.isfinite(loss) and math.isfinite(grad_norm))), device=self.accelerator.device)
-        if self.accelerator.num_processes > 1:
-            bad = self.accelerator.reduce(bad, reduction="max")
-        if not bad.item():
+        """False (after a warning) when the step's loss or gradient norm is NaN or inf; with
+        nan_policy="stop" that raises instead. Both are already global (the loss summed over
+        processes, the norm of the synced gradients), so every process decides the same."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
             return True
         message = (f"non-finite optimizer step (loss {loss}, gradient norm {grad_norm}); lower learning_rate or "
                    f"max_grad_norm, or check the rewards.")

@@ -34,6 +34,18 @@ class SampledBatch:
     logprobs_from_policy: bool = False
 
 
+@dataclass
+class SamplingSettings:
+    """What every built-in sampler is configured with (`setup.default_sampler` fills it from the config)."""
+
+    pad_token_id: int
+    eos_token_ids: list[int]  # a completion ends at the first of these
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0  # nucleus filter; 1 disables
+    top_k: int = 0  # 0 disables; None would let `generate` fall back to its generation_config (50)
+
+
 @runtime_checkable
 class Sampler(Protocol):
     """Draws `num_generations` completions for each prompt from `model`."""

@@ -23,7 +23,7 @@ import torch
 
 from .kv_cache import append_in_place_cache
 from ..algo.logprobs import position_ids_from_mask
-from .base import SampledBatch, completion_mask_from_eos, left_pad
+from .base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -58,19 +58,13 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0
 
 
 @dataclass
-class FastSampler:
+class FastSampler(SamplingSettings):
     """K completions per prompt from one prefill per prompt and a hand-written decode loop.
 
     Same protocol and fields as `GenerateSampler`; `do_sample=False` decodes greedily (for tests
     and evaluation). Works on any device: tensors follow the model's parameters.
     """
 
-    pad_token_id: int
-    eos_token_ids: list[int]
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
     do_sample: bool = True
 
     def on_optimizer_step(self, model: torch.nn.Module) -> None:

@@ -6,19 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import SampledBatch, completion_mask_from_eos, left_pad
+from .base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 
 
 @dataclass
-class GenerateSampler:
+class GenerateSampler(SamplingSettings):
     """Sampling with Hugging Face `generate`: simple and general, the reference for faster backends."""
 
-    pad_token_id: int
-    eos_token_ids: list[int]
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
 
     def on_optimizer_step(self, model: torch.nn.Module) -> None:
         """Nothing to sync: this sampler runs the policy itself."""

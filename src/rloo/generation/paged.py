@@ -16,19 +16,13 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from .base import SampledBatch, batch_from_token_lists
+from .base import SampledBatch, SamplingSettings, batch_from_token_lists
 
 
 @dataclass
-class PagedSampler:
+class PagedSampler(SamplingSettings):
     """K completions per prompt from `model.generate_batch` (transformers >= 5)."""
 
-    pad_token_id: int
-    eos_token_ids: list[int]
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
     do_sample: bool = True
     # Return the engine's per-token log-probs (after temperature and filtering). Off by default:
     # it is the policy itself, and log-probs make the trainer measure the (zero) mismatch with an

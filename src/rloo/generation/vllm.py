@@ -21,7 +21,7 @@ from typing import Any, Iterator, Protocol
 
 import torch
 
-from .base import SampledBatch, batch_from_token_lists
+from .base import SampledBatch, SamplingSettings, batch_from_token_lists
 
 
 class Engine(Protocol):
@@ -142,18 +142,12 @@ class ServerEngine:
 
 
 @dataclass
-class VLLMSampler:
+class VLLMSampler(SamplingSettings):
     """K completions per prompt from a vLLM engine, with the engine's per-token log-probs.
 
     `engine` is built on the first `sample` from the config (`vllm_mode`) unless one is given
     (tests give a fake)."""
 
-    pad_token_id: int
-    eos_token_ids: list[int]
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
     args: Any = None  # the RLOOConfig, to build the engine
     engine: Engine | None = None
     _stale: bool = field(default=True, repr=False)  # the engine's weights lag the policy's
