@@ -23,7 +23,7 @@ import torch
 from datasets import Dataset
 
 from rloo import (ConfigError, DatasetMixtureConfig, ModelConfig, RLOOConfig, ScriptArguments, TrlParser,
-                  get_dataset, get_peft_config, get_quantization_config)
+                  get_dataset, get_kbit_device_map, get_peft_config, get_quantization_config)
 from rloo.cli import main
 
 EXAMPLE_SCRIPT = '''
@@ -283,3 +283,14 @@ def test_model_config_peft_and_quantization():
         get_quantization_config(ModelConfig(load_in_4bit=True))
     with pytest.raises(ConfigError, match="dtype='bf16'"):
         ModelConfig(dtype="bf16")
+
+
+def test_kbit_device_map_puts_the_model_on_this_process_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert get_kbit_device_map() is None
+    import accelerate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # a stand-in for the process state: accelerate's PartialState is a singleton the other tests share
+    monkeypatch.setattr(accelerate, "PartialState", lambda: type("State", (), {"local_process_index": 3})())
+    assert get_kbit_device_map() == {"": 3}
