@@ -135,3 +135,72 @@ def test_trackio_local_receives_metrics_and_table(tmp_path):
     assert {"reward", "objective/kl", "completions"} <= keys
     table = next(log["completions"] for log in found["logs"] if "completions" in log)
     assert "digit_fraction" in json.dumps(table) and "advantage" in json.dumps(table)
+
+
+COLUMNS = ["step", "prompt", "completion", "digit_fraction", "score", "advantage"]
+
+
+def test_mlflow_local_receives_metrics_and_the_completions_table(tmp_path):
+    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install mlflow)")
+    store = tmp_path / "mlruns"
+    _run(tmp_path, {"MLFLOW_TRACKING_URI": store.as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true",
+                    "WANDB_PROJECT": "my-proj"}, "mlflow")
+    (run,) = [p.parent for p in store.glob("*/*/meta.yaml")]
+    assert "name: my-proj" in (run.parent / "meta.yaml").read_text()
+    assert (run / "tags" / "mlflow.runName").read_text() == "my-run"
+    assert {"reward", "objective"} <= {p.name for p in (run / "metrics").iterdir()}
+    # One table artifact for the run; each logging step appends its rows.
+    table = json.loads((run / "artifacts" / "completions.json").read_text())
+    assert table["columns"] == COLUMNS
+    assert [row[0] for row in table["data"]] == [1, 1, 1, 2, 2, 2]
+
+
+def test_comet_offline_receives_metrics_and_a_completions_table_per_step(tmp_path):
+    pytest.importorskip("comet_ml", reason="comet_ml is not installed (pip install comet_ml)")
+    import csv
+    import io
+    import zipfile
+
+    _run(tmp_path, {"COMET_START_ONLINE": "false", "COMET_OFFLINE_DIRECTORY": str(tmp_path / "comet"),
+                    "WANDB_PROJECT": "my-proj"}, "comet_ml")
+    (archive,) = (tmp_path / "comet").glob("*.zip")
+    with zipfile.ZipFile(archive) as zipped:
+        messages = [json.loads(line) for line in zipped.read("messages.json").decode().splitlines()]
+        uploads = {m["payload"]["additional_params"]["fileName"]: zipped.read(m["payload"]["file_path"]).decode()
+                   for m in messages if m["type"] == "file_upload"
+                   and m["payload"]["additional_params"]["fileName"].startswith("completions_")}
+    assert sorted(uploads) == ["completions_step0000001.csv", "completions_step0000002.csv"]
+    rows = list(csv.reader(io.StringIO(uploads["completions_step0000002.csv"])))
+    assert rows[0] == COLUMNS and [row[0] for row in rows[1:]] == ["2", "2", "2"]
+    assert '"reward"' in json.dumps(messages) and "objective/kl" in json.dumps(messages)
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, method):
+        return lambda *args, **kwargs: self.calls.append((method, args, kwargs))
+
+
+def test_log_table_calls_each_trackers_table_api(monkeypatch):
+    """Without the packages: the calls mlflow, Comet and ClearML get (their signatures are checked by the
+    tests above where the packages are installed)."""
+    import types
+
+    from rloo.trackers import log_table
+
+    columns, rows = ["step", "prompt"], [[3, "a"], [3, "b"]]
+    mlflow = _Recorder()
+    monkeypatch.setitem(sys.modules, "mlflow", mlflow)
+    run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"))
+    log_table(types.SimpleNamespace(name="mlflow", tracker=run), "completions", columns, rows, 3)
+    assert mlflow.calls == [("log_table", (), {"data": {"step": [3, 3], "prompt": ["a", "b"]},
+                                               "artifact_file": "completions.json", "run_id": "r1"})]
+    comet = _Recorder()
+    log_table(types.SimpleNamespace(name="comet_ml", tracker=comet), "completions", columns, rows, 3)
+    assert comet.calls == [("log_table", ("completions_step0000003.csv",), {"tabular_data": rows, "headers": columns})]
+    clearml = _Recorder()
+    clearml.name = "clearml"
+    log_table(clearml, "completions", columns, rows, 3)
+    assert clearml.calls == [("log_table", ("completions",), {"columns": columns, "data": rows, "step": 3})]

@@ -2,11 +2,16 @@
 
     from rloo import RLOOConfig, RLOOTrainer
 
-mirrors TRL's `RLOOConfig` and `RLOOTrainer`, so a TRL script ports by changing its import.
+mirrors TRL's `RLOOConfig` and `RLOOTrainer`, so a TRL script ports by changing its import; the
+script helpers TRL exports (`TrlParser`, `ScriptArguments`, `ModelConfig`, `get_peft_config`, ...) are here too.
 """
 
 from .config import ConfigError, RLOOConfig
+from .script_parser import TrlParser
+from .scripts import (DatasetMixtureConfig, ModelConfig, ScriptArguments, get_dataset, get_kbit_device_map,
+                      get_peft_config, get_quantization_config)
 from .trainer import RLOOTrainer
 
-__all__ = ["RLOOConfig", "RLOOTrainer", "ConfigError"]
+__all__ = ["RLOOConfig", "RLOOTrainer", "ConfigError", "TrlParser", "ScriptArguments", "ModelConfig",
+           "DatasetMixtureConfig", "get_dataset", "get_peft_config", "get_quantization_config", "get_kbit_device_map"]
 __version__ = "0.1.0"

@@ -111,25 +111,41 @@ def build_train_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume_from_checkpoint", default=None,
                         help="A checkpoint directory to resume from, or 'latest' for the newest in output_dir.")
     _add_dataclass_flags(parser, ScriptArguments, "what to train")
-    _add_dataclass_flags(parser, RLOOConfig, "RLOOConfig")
+    add_config_flags(parser, RLOOConfig)
+    _add_dataclass_flags(parser, trl_script.TRLScriptArguments, "TRL script flags (trl rloo)")
+    taken = {f.name for f in dataclasses.fields(trl_script.TRLScriptArguments)} | {"resume_from_checkpoint"}
+    add_trl_field_flags(parser, taken)
+    return parser
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config_class: type) -> set[str]:
+    """RLOOConfig's fields and their TRL v0 aliases as flags that default to "not given"; returns their names.
+    Shared with `TrlParser` (scripts.py)."""
+    _add_dataclass_flags(parser, config_class, "RLOOConfig")
     aliases = parser.add_argument_group("TRL v0 names (aliases)")
     for old, new in ALIASES.items():
         aliases.add_argument(f"--{old}", default=argparse.SUPPRESS, type=_field_types(RLOOConfig)[new],
                              help=f"Alias of --{new}.")
-    _add_dataclass_flags(parser, trl_script.TRLScriptArguments, "TRL script flags (trl rloo)")
+    return {f.name for f in dataclasses.fields(config_class)} | set(ALIASES)
+
+
+def add_trl_field_flags(parser: argparse.ArgumentParser, taken: set[str]) -> set[str]:
+    """TRL's other RLOOConfig names (trl_compat.TRL_FIELDS) as flags, except RLOOConfig's own fields and
+    `taken`; they default to "not given". Returns the names added."""
     trl_fields = parser.add_argument_group("other TRL RLOOConfig names: mapped, accepted or refused (docs/trl_migration.md)")
-    taken = {f.name for cls in (trl_script.TRLScriptArguments, RLOOConfig) for f in dataclasses.fields(cls)}
-    taken.add("resume_from_checkpoint")
+    added = set()
     for name, answer in trl_compat.TRL_FIELDS.items():
-        if name not in taken:
-            is_bool = isinstance(answer.default, bool)
-            # TRL's type where its default shows it (YAML would read --save_strategy no as False).
-            kind = _parse_bool if is_bool else type(answer.default) if isinstance(answer.default, (str, int, float)) \
-                else yaml.safe_load
-            trl_fields.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="BOOL" if is_bool else "VALUE",
-                                    type=kind, nargs="?" if is_bool else None,
-                                    const=True if is_bool else None, help=f"{answer.kind}: {answer.why}.")
-    return parser
+        if name in taken or name in RLOOConfig.__dataclass_fields__:
+            continue
+        is_bool = isinstance(answer.default, bool)
+        # TRL's type where its default shows it (YAML would read --save_strategy no as False).
+        kind = _parse_bool if is_bool else type(answer.default) if isinstance(answer.default, (str, int, float)) \
+            else yaml.safe_load
+        trl_fields.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="BOOL" if is_bool else "VALUE",
+                                type=kind, nargs="?" if is_bool else None,
+                                const=True if is_bool else None, help=f"{answer.kind}: {answer.why}.")
+        added.add(name)
+    return added
 
 
 def _check_keys(values: dict[str, Any], source: str) -> None:
@@ -274,14 +290,7 @@ def run_train(argv: Sequence[str]) -> None:
     train_dataset = load_prompt_dataset(script.dataset_name, script.dataset_split, script.dataset_config)
     eval_dataset = (load_prompt_dataset(script.dataset_name, script.eval_split, script.dataset_config)
                     if script.eval_split else None)
-    peft_config = None
-    if script.use_peft:
-        from peft import LoraConfig
-
-        targets = script.lora_target_modules
-        peft_config = LoraConfig(r=script.lora_r, lora_alpha=script.lora_alpha, lora_dropout=script.lora_dropout,
-                                 target_modules=targets[0] if targets == ["all-linear"] else targets,
-                                 task_type="CAUSAL_LM", **trl_script.lora_extras(script.trl_flags))
+    peft_config = trl_script.lora_config(script, script.trl_flags) if script.use_peft else None
     from transformers import AutoTokenizer
 
     revision = (config.model_init_kwargs or {}).get("revision")

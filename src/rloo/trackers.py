@@ -101,10 +101,22 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 
 def log_table(tracker: Any, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
-    """Log a table to one accelerate tracker: a table where the tracker has tables (W&B, trackio),
-    Markdown text for TensorBoard; other trackers get none (their metrics still arrive)."""
+    """Log a table to one accelerate tracker: a table where the tracker has tables (W&B, trackio,
+    MLflow, Comet, ClearML), Markdown text for TensorBoard; Aim, DVCLive and SwanLab get none (their
+    metrics still arrive)."""
     kind = getattr(tracker, "name", "")
-    if kind == "wandb":
+    if kind == "mlflow":
+        import mlflow
+
+        # One artifact per run: mlflow appends each call's rows to it, and the step column tells them
+        # apart (one file per step would grow the run's list of logged tables without bound).
+        mlflow.log_table(data={column: [row[i] for row in rows] for i, column in enumerate(columns)},
+                         artifact_file=f"{name}.json", run_id=tracker.tracker.info.run_id)
+    elif kind == "comet_ml":  # Comet's tables are files; one per step, the experiment's step is set by accelerate
+        tracker.tracker.log_table(f"{name}_step{step:07d}.csv", tabular_data=rows, headers=columns)
+    elif kind == "clearml":
+        tracker.log_table(name, columns=columns, data=rows, step=step)
+    elif kind == "wandb":
         import wandb
 
         tracker.tracker.log({name: wandb.Table(columns=columns, data=rows)}, step=step)

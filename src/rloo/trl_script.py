@@ -99,23 +99,42 @@ def apply(trl: TRLScriptArguments, script: Any, config_values: dict[str, Any]) -
         config_values["model_init_kwargs"] = init
     if trl.trust_remote_code is not None:
         config_values["trust_remote_code"] = trl.trust_remote_code
-    if trl.lora_task_type not in (None, "CAUSAL_LM"):
-        raise ConfigError(f"--lora_task_type {trl.lora_task_type}: rloo trains causal LMs; use CAUSAL_LM.")
+    check_lora_task_type(trl.lora_task_type)
     return {"quantization_config": quantization_config(trl, script)}
 
 
-def lora_extras(trl: TRLScriptArguments) -> dict[str, Any]:
-    """LoraConfig keyword arguments from the TRL flags that were given."""
+def lora_config(script: Any, trl: Any) -> Any:
+    """A peft LoraConfig from `lora_r`, `lora_alpha`, `lora_dropout`, `lora_target_modules` (on `script`)
+    and TRL's other LoRA flags (on `trl`: `lora_task_type`, `use_rslora`, `use_dora`,
+    `lora_modules_to_save`, `lora_target_parameters`). `rloo train` and `get_peft_config` both build
+    theirs here; TRL's ModelConfig holds all of them, so it can be both arguments."""
+    check_lora_task_type(trl.lora_task_type)
+    from peft import LoraConfig
+
+    targets = script.lora_target_modules
     extras = {"use_rslora": trl.use_rslora, "use_dora": trl.use_dora, "modules_to_save": trl.lora_modules_to_save,
               "target_parameters": trl.lora_target_parameters}
-    return {k: v for k, v in extras.items() if v is not None}
+    return LoraConfig(r=script.lora_r, lora_alpha=script.lora_alpha, lora_dropout=script.lora_dropout,
+                      # "all-linear" is a keyword of peft only as a string, not inside a list
+                      target_modules=targets[0] if targets == ["all-linear"] else targets, task_type="CAUSAL_LM",
+                      **{k: v for k, v in extras.items() if v is not None})
 
 
-def quantization_config(trl: TRLScriptArguments, script: Any) -> Any:
-    """A BitsAndBytesConfig for --load_in_4bit / --load_in_8bit, or None."""
+def check_lora_task_type(task_type: str | None) -> None:
+    if task_type not in (None, "CAUSAL_LM"):
+        raise ConfigError(f"lora_task_type={task_type!r}: rloo trains causal LMs; use CAUSAL_LM.")
+
+
+# TRL's ModelConfig defaults of the 4-bit options: giving them without --load_in_4bit asks for nothing.
+_QUANT_DEFAULTS = {"bnb_4bit_quant_type": "nf4", "use_bnb_nested_quant": False, "bnb_4bit_quant_storage": None}
+
+
+def quantization_config(trl: Any, script: Any) -> Any:
+    """A BitsAndBytesConfig for --load_in_4bit / --load_in_8bit, or None. `trl` holds the bnb flags and
+    `dtype`, `script` holds `use_peft` (TRL's ModelConfig holds all of them)."""
     if not (trl.load_in_4bit or trl.load_in_8bit):
-        for name in ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"):
-            if getattr(trl, name) not in (None, False):
+        for name, default in _QUANT_DEFAULTS.items():
+            if getattr(trl, name) not in (None, default):
                 raise ConfigError(f"--{name} applies with --load_in_4bit; give that too, or drop it.")
         return None
     if trl.load_in_4bit and trl.load_in_8bit:

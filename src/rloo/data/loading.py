@@ -11,6 +11,16 @@ from ..config import ConfigError
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
+def file_builder(path: Path) -> str:
+    """The datasets builder that reads a local data file ("json", "csv", "parquet"); refuses empty files."""
+    builder = _FILE_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise ConfigError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}.")
+    if not path.read_bytes().strip():
+        raise ConfigError(f"dataset file {path} is empty; it needs one prompt per row (a 'prompt' column).")
+    return builder
+
+
 def load_prompt_dataset(name: str, split: str = "train", config: str | None = None) -> Any:
     """Load a dataset from a local file (json, jsonl, csv, parquet), a local directory (written by
     `save_to_disk` or holding data files), or, for users with the network, a Hub name."""
@@ -18,12 +28,7 @@ def load_prompt_dataset(name: str, split: str = "train", config: str | None = No
 
     path = Path(name).expanduser()
     if path.is_file():
-        builder = _FILE_BUILDERS.get(path.suffix.lower())
-        if builder is None:
-            raise ConfigError(f"{path}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}.")
-        if not path.read_bytes().strip():
-            raise ConfigError(f"dataset file {path} is empty; it needs one prompt per row (a 'prompt' column).")
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
+        return datasets.load_dataset(file_builder(path), data_files=str(path), split="train")
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
             loaded = datasets.load_from_disk(str(path))
