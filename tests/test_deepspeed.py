@@ -1,0 +1,81 @@
+"""DeepSpeed: the "auto" config values rloo fills (always run), and ZeRO-2 for real on 2 CPU processes
+through `accelerate launch` with the shipped config (skipped where deepspeed is not installed).
+
+On CPU DeepSpeed JIT-compiles its shared-memory communication op (g++, ninja) the first time a process
+group starts: a few minutes once, cached in ~/.cache/torch_extensions after that."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rloo import ConfigError, RLOOConfig
+from rloo.deepspeed_setup import fill_deepspeed_config, process_group_kwargs
+
+from conftest import free_port, torchrun
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).with_name("deepspeed_run.py")
+
+
+def test_auto_micro_batch_and_clipping_come_from_the_config():
+    args = RLOOConfig(per_device_train_batch_size=4, num_generations=4, max_grad_norm=0.5)
+    config = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}
+    fill_deepspeed_config(config, args)
+    assert config["train_micro_batch_size_per_gpu"] == 4 and config["gradient_clipping"] == 0.5
+    kept = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.5}
+    fill_deepspeed_config(kept, args)
+    assert kept == {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.5}
+    with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu=8.*per_device_train_batch_size=4"):
+        fill_deepspeed_config({"train_micro_batch_size_per_gpu": 8}, args)
+    with pytest.raises(ConfigError, match="gradient_clipping=1.0.*max_grad_norm=0.5"):
+        fill_deepspeed_config({"gradient_clipping": 1.0}, args)
+
+
+def test_no_process_group_override_without_deepspeed(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    assert process_group_kwargs(RLOOConfig()) == []
+
+
+def launch_env() -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("ACCELERATE_USE_CPU", None)
+    if not torch.cuda.is_available():
+        env["DS_ACCELERATOR"] = "cpu"
+    return env
+
+
+def test_zero2_on_two_cpu_processes_steps_once_per_optimizer_step_and_matches_ddp(tmp_path):
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed); ZeRO-2 not run")
+    if torch.cuda.is_available():
+        pytest.skip("this test runs DeepSpeed on CPU processes")
+    ds_dir, ddp_dir = tmp_path / "zero2", tmp_path / "ddp"
+    launch = [sys.executable, "-m", "accelerate.commands.launch",
+              "--config_file", str(ROOT / "examples" / "accelerate_configs" / "deepspeed_zero2.yaml"),
+              "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+              str(SCRIPT), str(ds_dir)]
+    result = subprocess.run(launch, capture_output=True, text=True, timeout=1200, env=launch_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    ddp = torchrun(SCRIPT, ddp_dir)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+
+    ranks = [json.loads((ds_dir / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank in ranks:
+        assert rank["num_processes"] == 2 and rank["engine"] == "DeepSpeedEngine" and rank["zero_stage"] == 2
+        # 3 optimizer steps of 2 micro-batches each: the engine stepped 3 times, not 6.
+        assert rank["global_steps"] == 3
+        assert rank["ds_config"] == {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+                                     "gradient_clipping": 1.0, "train_batch_size": 4 * 2 * 2}
+    reference = json.loads((ddp_dir / "rank0.json").read_text())
+    assert reference["engine"] == "DistributedDataParallel"
+    # The same data, seed and steps: ZeRO-2 and DDP end at the same weights, on both processes.
+    assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9)
+    assert ranks[0]["checksum"] == pytest.approx(reference["checksum"], rel=1e-6)
+    lines = [json.loads(line) for line in (ds_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    ddp_lines = [json.loads(line) for line in (ddp_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["lr"] for line in lines] == pytest.approx([1e-2 * 2 / 3, 1e-2 / 3, 0.0])  # once per step
+    assert [line["grad_norm"] for line in lines] == pytest.approx([line["grad_norm"] for line in ddp_lines], rel=1e-5)
