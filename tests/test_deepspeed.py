@@ -41,6 +41,17 @@ def test_no_process_group_override_without_deepspeed(monkeypatch):
     assert process_group_kwargs(RLOOConfig()) == []
 
 
+def test_use_cpu_under_a_deepspeed_launch_is_refused(monkeypatch):
+    # accelerate would silently drop DeepSpeed under cpu=True and train with DDP instead.
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    with pytest.raises(ConfigError, match="use_cpu.*drop DeepSpeed"):
+        process_group_kwargs(RLOOConfig(use_cpu=True))
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    with pytest.raises(ConfigError, match="ACCELERATE_USE_CPU"):
+        process_group_kwargs(RLOOConfig())
+
+
 def launch_env() -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     env.pop("ACCELERATE_USE_CPU", None)

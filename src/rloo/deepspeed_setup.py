@@ -29,8 +29,14 @@ def process_group_kwargs(args: RLOOConfig) -> list:
     Without a GPU accelerate picks no backend, lets DeepSpeed connect the processes (gloo), and then
     counts every process as process 0 of 1: N copies of the run that all think they are the main one
     (rloo's launch check refuses that). Naming DeepSpeed's own CPU backend makes accelerate count the
-    world DeepSpeed built. `use_cpu` turns DeepSpeed off in accelerate, so it does not apply here."""
-    if not uses_deepspeed() or args.use_cpu or torch.cuda.is_available():
+    world DeepSpeed built. `use_cpu` would turn DeepSpeed off in accelerate without a word: refused."""
+    if not uses_deepspeed():
+        return []
+    if args.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        raise ConfigError("The launch asks for DeepSpeed, but use_cpu (or ACCELERATE_USE_CPU) makes accelerate drop "
+                          "DeepSpeed and run plain DDP. Leave use_cpu off: on a machine without a GPU, DeepSpeed "
+                          "runs on CPU processes by itself with DS_ACCELERATOR=cpu (docs/launching.md).")
+    if torch.cuda.is_available():
         return []
     from accelerate.utils import InitProcessGroupKwargs
     from deepspeed.accelerator import get_accelerator
