@@ -308,7 +308,7 @@ def run_train(argv: Sequence[str]) -> None:
         **script.trainer_kwargs,
     )
     trainer.train(resume_from_checkpoint=resume)
-    if trainer.stopped_by is None:
+    if trainer.stopped_by is None and trainer.accelerator.is_main_process:  # once, not once per process
         print(f"Saved the trained model to {config.output_dir}")
 
 

@@ -14,7 +14,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
 
-from . import loading, trl_compat
+from . import deepspeed_setup, loading, trl_compat
 from .config import ConfigError, RLOOConfig
 from .trackers import resolve_report_to
 from .data.schedule import PromptSchedule
@@ -34,6 +34,8 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
             f"gradient_accumulation_steps={args.gradient_accumulation_steps} in RLOOConfig. Set them equal; the "
             f"trainer's value decides where an optimizer step ends.")
     check_launch(accelerator.num_processes)
+    if accelerator.state.deepspeed_plugin is not None:  # no dataloader tells accelerate the micro-batch size
+        deepspeed_setup.fill_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, args)
     return accelerator
 
 
@@ -54,6 +56,7 @@ def _accelerator(args: RLOOConfig) -> Accelerator:
         # Where an optimizer step ends: DeepSpeed reads its accumulation from here, and
         # `update.Learner` sets `sync_gradients` per micro-batch.
         gradient_accumulation_steps=args.gradient_accumulation_steps,
+        kwargs_handlers=deepspeed_setup.process_group_kwargs(args),  # DeepSpeed on CPU processes: gloo
     )
 
 
