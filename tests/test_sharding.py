@@ -1,0 +1,148 @@
+"""Sharded training on CPU processes: FSDP2 (`fully_shard`, gloo) for real, DeepSpeed ZeRO-3 against a
+fake `deepspeed` module (its real run is unverified here; docs/launching.md)."""
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import torchrun
+from rloo import RLOOConfig
+from rloo.config import ConfigError
+
+
+@pytest.fixture(scope="module")
+def fsdp2_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp2")
+    result = torchrun(Path(__file__).with_name("fsdp2_run.py"), out)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_fsdp2_gathered_generation_equals_the_unsharded_model(fsdp2_run):
+    _, ranks = fsdp2_run
+    for rank in ranks:
+        assert rank["gathered"] == rank["expected"]  # greedy tokens of the fast sampler
+        assert rank["plain_during"] and rank["sharded_after"]  # full weights inside, shards again after
+    assert ranks[0]["expected"] != ranks[1]["expected"]  # each process generated for its own prompts
+
+
+def test_fsdp2_generation_without_gathering_equals_the_unsharded_model(fsdp2_run):
+    _, ranks = fsdp2_run
+    for rank in ranks:  # ds3_gather_for_generation=False: generate on the sharded model, processes in step
+        assert rank["not_gathered"] == rank["expected_top1"]
+
+
+def test_fsdp2_reference_logprobs_equal_the_unsharded_ones(fsdp2_run):
+    _, ranks = fsdp2_run
+    for rank in ranks:
+        expected = torch.tensor(rank["reference_expected"])  # (B, C)
+        torch.testing.assert_close(torch.tensor(rank["reference_sharded"]), expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(rank["lora_reference"]), expected, rtol=0, atol=1e-5)  # adapters off
+        assert (torch.tensor(rank["lora_policy"]) - expected).abs().max() > 1e-3  # adapters on: another model
+
+
+def test_fsdp2_saves_a_full_checkpoint_that_loads_with_from_pretrained(fsdp2_run):
+    from transformers import AutoModelForCausalLM
+
+    out, _ = fsdp2_run
+    loaded = AutoModelForCausalLM.from_pretrained(out / "saved").state_dict()
+    expected = torch.load(out / "expected.pt")
+    assert loaded.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_gathering_off_needs_the_hf_sampler():
+    with pytest.raises(ConfigError, match="ds3_gather_for_generation=False.*sampler='generate'"):
+        RLOOConfig(ds3_gather_for_generation=False)
+    assert RLOOConfig(ds3_gather_for_generation=False, sampler="generate").ds3_gather_for_generation is False
+
+
+# ------------------------------------------------------------------ ZeRO-3, against a fake deepspeed
+
+
+class FakeZero3Param(torch.nn.Parameter):
+    """Stands for a ZeRO-3 partitioned parameter: a `ds_id` and the modules currently using it."""
+
+
+def _zero3_engine(calls):
+    """A module whose parameters look partitioned and an engine-like object holding ZeRO-3's hooks."""
+    module = torch.nn.Linear(2, 2)
+    for name, param in list(module.named_parameters()):
+        fake = FakeZero3Param(param.detach().clone())
+        fake.ds_id, fake.ds_active_sub_modules = len(calls), {1}
+        setattr(module, name, fake)
+
+    class Hook:
+        def __init__(self, name):
+            self.name = name
+
+        def remove(self):
+            calls.append(f"remove {self.name}")
+
+    coordinator = types.SimpleNamespace(module=module, forward_hooks=[Hook("forward")], backward_hooks=[Hook("backward")],
+                                        _register_deepspeed_module=lambda m: calls.append("register hooks"))
+    engine = torch.nn.Module()  # a DeepSpeedEngine is a Module wrapping the model as .module
+    engine.module, engine.optimizer = module, types.SimpleNamespace(parameter_offload=coordinator)
+    return engine, module, coordinator
+
+
+def test_zero3_gathers_with_deepspeeds_gathered_parameters(monkeypatch):
+    from rloo import sharding
+
+    calls = []
+
+    class GatheredParameters:
+        def __init__(self, params, modifier_rank=None):
+            calls.append(f"gather {len(list(params))}")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            calls.append("release")
+
+    monkeypatch.setitem(sys.modules, "deepspeed", types.SimpleNamespace(zero=types.SimpleNamespace(
+        GatheredParameters=GatheredParameters)))
+    engine, module, coordinator = _zero3_engine(calls)
+    accelerator = types.SimpleNamespace(unwrap_model=lambda m: module)
+    assert sharding.sharding_of(module) == "zero3"
+    with sharding.full_weights_for_generation(accelerator, engine) as model:
+        assert model is module
+        calls.append("generate")
+        assert all(not p.ds_active_sub_modules for p in module.parameters())
+    assert calls == ["gather 2", "remove forward", "remove backward", "generate", "register hooks", "release"]
+    assert coordinator.forward_hooks == [] and coordinator.backward_hooks == []
+
+    calls.clear()
+    with sharding.full_weights_for_generation(accelerator, engine, gather=False) as model:
+        assert model is module
+    assert calls == []  # ds3_gather_for_generation=False: the partitioned model as it is
+
+
+def test_zero3_reference_is_a_deepspeed_engine_without_optimizer(monkeypatch):
+    from accelerate.utils import DistributedType
+
+    from rloo import sharding
+
+    seen = {}
+
+    def initialize(model, config):
+        seen["model"], seen["config"] = model, config
+        return types.SimpleNamespace(eval=lambda: "engine in eval mode"), None, None, None
+
+    monkeypatch.setitem(sys.modules, "deepspeed", types.SimpleNamespace(initialize=initialize))
+    ds_config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+                 "optimizer": {"type": "AdamW"}, "scheduler": {"type": "WarmupLR"}, "train_batch_size": 8}
+    accelerator = types.SimpleNamespace(is_fsdp2=False, distributed_type=DistributedType.DEEPSPEED,
+                                        state=types.SimpleNamespace(deepspeed_plugin=types.SimpleNamespace(
+                                            deepspeed_config=ds_config)))
+    reference = torch.nn.Linear(2, 2)
+    assert sharding.prepare_reference(accelerator, reference) == "engine in eval mode"
+    assert seen["model"] is reference and not any(p.requires_grad for p in reference.parameters())
+    assert seen["config"] == {"zero_optimization": {"stage": 3}, "train_batch_size": 8}
+    assert "optimizer" in ds_config  # the run's own config is left as it was
