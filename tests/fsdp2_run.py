@@ -91,6 +91,7 @@ def logps(model):
         return (completion_logprobs(model, input_ids, attention_mask, length)[0] * sampled.completion_mask).tolist()
 
 
+result["policy_after_generation"] = logps(policy)  # the no-grad policy pass after a gathered generation
 reference = shard(copy.deepcopy(full)).eval().requires_grad_(False)
 result["reference_expected"] = logps(full)
 result["reference_sharded"] = logps(reference)

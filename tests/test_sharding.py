@@ -41,6 +41,7 @@ def test_fsdp2_reference_logprobs_equal_the_unsharded_ones(fsdp2_run):
     for rank in ranks:
         expected = torch.tensor(rank["reference_expected"])  # (B, C)
         torch.testing.assert_close(torch.tensor(rank["reference_sharded"]), expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(rank["policy_after_generation"]), expected, rtol=0, atol=1e-5)
         torch.testing.assert_close(torch.tensor(rank["lora_reference"]), expected, rtol=0, atol=1e-5)  # adapters off
         assert (torch.tensor(rank["lora_policy"]) - expected).abs().max() > 1e-3  # adapters on: another model
 
@@ -56,7 +57,34 @@ def test_fsdp2_saves_a_full_checkpoint_that_loads_with_from_pretrained(fsdp2_run
         assert torch.equal(loaded[name], tensor), name
 
 
-def test_gathering_off_needs_the_hf_sampler():
+def test_fsdp2_training_through_accelerate_matches_ddp_and_resumes(tmp_path):
+    """The whole loop under accelerate's FSDP2 (forced on CPU, see fsdp2_train_run.py): sharded
+    policy and reference, gathered generation, a checkpoint every step, the final save. The same
+    seed under DDP must reach the same weights, and resuming from checkpoint-1 the same again."""
+    from safetensors.torch import load_file
+
+    script = Path(__file__).with_name("fsdp2_train_run.py")
+    for mode in ("fsdp2", "ddp"):
+        result = torchrun(script, tmp_path, mode)
+        assert result.returncode == 0, result.stderr[-4000:]
+    fsdp2 = [json.loads((tmp_path / f"fsdp2-rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["distributed_type"] == "DistributedType.FSDP" for r in fsdp2)
+    assert all(r["policy"] == "fsdp2" and r["reference"] == "fsdp2" for r in fsdp2)  # no full copy per process
+    sharded, replicated = (load_file(str(tmp_path / mode / "model.safetensors")) for mode in ("fsdp2", "ddp"))
+    assert sharded.keys() == replicated.keys()  # full weights, the tied head written once
+    for name, tensor in replicated.items():
+        torch.testing.assert_close(sharded[name], tensor, rtol=0, atol=1e-6, msg=name)
+    assert [json.loads(line)["reward"] for line in (tmp_path / "fsdp2" / "metrics.jsonl").read_text().splitlines()] == \
+        [json.loads(line)["reward"] for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+
+    result = torchrun(script, tmp_path, "fsdp2", "--resume")  # step 2 again, from checkpoint-1's sharded state
+    assert result.returncode == 0, result.stderr[-4000:]
+    resumed = load_file(str(tmp_path / "fsdp2" / "model.safetensors"))
+    for name, tensor in sharded.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_gathering_off_needs_the_generate_sampler():
     with pytest.raises(ConfigError, match="ds3_gather_for_generation=False.*sampler='generate'"):
         RLOOConfig(ds3_gather_for_generation=False)
     assert RLOOConfig(ds3_gather_for_generation=False, sampler="generate").ds3_gather_for_generation is False

@@ -188,7 +188,8 @@ def full_state_dict(accelerator: Accelerator, model: torch.nn.Module) -> dict[st
     if sharding_of(model) == "fsdp2":  # also a model sharded with fully_shard outside accelerate's FSDP2 plugin
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state_dict = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return _without_tied_copies(model, state_dict)
     return accelerator.get_state_dict(model)
 
 
@@ -198,3 +199,15 @@ def any_process(accelerator: Accelerator, flag: bool) -> bool:
         return flag
     value = torch.tensor(float(flag), device=accelerator.device)
     return bool(accelerator.reduce(value, reduction="max").item())
+
+
+def _without_tied_copies(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the second name of a tied weight (lm_head.weight tied to the input embeddings): gathered,
+    the two are separate copies, and save_pretrained would write the matrix twice."""
+    seen: set[int] = set()
+    tied_copies = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied_copies.append(name)
+        seen.add(id(param))
+    return {name: tensor for name, tensor in state_dict.items() if name not in tied_copies}
