@@ -174,3 +174,13 @@ def test_zero3_reference_is_a_deepspeed_engine_without_optimizer(monkeypatch):
     assert seen["model"] is reference and not any(p.requires_grad for p in reference.parameters())
     assert seen["config"] == {"zero_optimization": {"stage": 3}, "train_batch_size": 8}
     assert "optimizer" in ds_config  # the run's own config is left as it was
+
+
+def test_fsdp1_is_refused_with_the_fix():
+    from accelerate.utils import DistributedType
+
+    from rloo.sharding import check_supported
+
+    with pytest.raises(ValueError, match="fsdp_version: 2"):
+        check_supported(types.SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=False))
+    check_supported(types.SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=True))

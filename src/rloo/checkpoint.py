@@ -5,6 +5,8 @@ loads with `from_pretrained`; under LoRA only the adapters; the frozen reference
 saved state WITHOUT model weights (optimizer, scheduler, RNG) under `accelerate_state/`, and
 `trainer_state.json` with the loop's counters, the run's id and a manifest (size and sha256 of every
 file). Checkpoints fall between rollouts, so the state is the step, the rollout index and the episode count.
+Sharded (FSDP2, ZeRO-3), the save_pretrained files hold the full weights gathered from the shards,
+and accelerate's state also holds the sharded weights, which resuming restores (docs/launching.md).
 
 Atomicity: everything is written into `output_dir/.checkpoint-<step>.tmp/`, flushed and fsynced,
 `trainer_state.json` last, then the directory is renamed to `checkpoint-<step>`. A kill at any

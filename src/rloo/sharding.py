@@ -61,6 +61,13 @@ def local_tensor(param: torch.Tensor) -> torch.Tensor:
     return param
 
 
+def check_supported(accelerator: Accelerator) -> None:
+    """Refuse FSDP1 (accelerate's `fsdp_version: 1`): its flattened parameters are handled nowhere here."""
+    if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
+        raise ValueError("FSDP version 1 is not supported by rloo; set `fsdp_version: 2` in the accelerate config "
+                         "(examples/accelerate_configs/fsdp2.yaml), or use DeepSpeed ZeRO-3.")
+
+
 # ------------------------------------------------------------------ generation
 
 
