@@ -12,6 +12,7 @@ device only: rloo does not do this for users.
 
 import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -40,6 +41,9 @@ def fsdp2_on_cpu(args):
 
 if mode == "fsdp2":
     setup._accelerator = fsdp2_on_cpu
+# The process group first, with a short timeout: a collective one process never joins fails the
+# test in two minutes instead of hanging it (the trainer's accelerator joins this group).
+PartialState(cpu=True, timeout=timedelta(seconds=120))
 tokenizer = build_char_tokenizer()
 model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(8) for b in range(8)])
@@ -52,7 +56,9 @@ def digit_fraction(completions):
 args = RLOOConfig(output_dir=str(out / mode), per_device_train_batch_size=4, gradient_accumulation_steps=2,
                   num_generations=4, max_completion_length=5, learning_rate=1e-2, beta=0.1, max_steps=2,
                   logging_steps=1, save_steps=1, use_cpu=True, seed=3)
-trainer = RLOOTrainer(model, digit_fraction, args=args, train_dataset=dataset, processing_class=tokenizer)
+# 5 eval prompts over 2 processes: 3 and 2 rows, 2 and 1 batches of prompts_per_step=2.
+trainer = RLOOTrainer(model, digit_fraction, args=args, train_dataset=dataset, eval_dataset=dataset.select(range(5)),
+                      processing_class=tokenizer)
 trainer.train(resume_from_checkpoint=str(out / mode / "checkpoint-1") if resume else None)
 rank = trainer.accelerator.process_index
 (out / f"{mode}{'-resumed' if resume else ''}-rank{rank}.json").write_text(json.dumps({

@@ -74,8 +74,11 @@ def test_fsdp2_training_through_accelerate_matches_ddp_and_resumes(tmp_path):
     assert sharded.keys() == replicated.keys()  # full weights, the tied head written once
     for name, tensor in replicated.items():
         torch.testing.assert_close(sharded[name], tensor, rtol=0, atol=1e-6, msg=name)
-    assert [json.loads(line)["reward"] for line in (tmp_path / "fsdp2" / "metrics.jsonl").read_text().splitlines()] == \
-        [json.loads(line)["reward"] for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    logs = {mode: [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+            for mode in ("fsdp2", "ddp")}
+    for key in ("reward", "eval/reward"):  # the eval: 3 and 2 prompts on the two processes, generating as often
+        values = {mode: [row[key] for row in rows if key in row] for mode, rows in logs.items()}
+        assert values["fsdp2"] == values["ddp"] and values["ddp"], key
 
     result = torchrun(script, tmp_path, "fsdp2", "--resume")  # step 2 again, from checkpoint-1's sharded state
     assert result.returncode == 0, result.stderr[-4000:]
