@@ -164,7 +164,9 @@ def test_zero3_reference_is_a_deepspeed_engine_without_optimizer(monkeypatch):
 
     def initialize(model, config):
         seen["model"], seen["config"] = model, config
-        return types.SimpleNamespace(eval=lambda: "engine in eval mode"), None, None, None
+        engine = types.SimpleNamespace(training=True)
+        engine.eval = lambda: setattr(engine, "training", False)  # returns None, as DeepSpeedEngine.eval does
+        return engine, None, None, None
 
     monkeypatch.setitem(sys.modules, "deepspeed", types.SimpleNamespace(initialize=initialize))
     ds_config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
@@ -173,7 +175,8 @@ def test_zero3_reference_is_a_deepspeed_engine_without_optimizer(monkeypatch):
                                         state=types.SimpleNamespace(deepspeed_plugin=types.SimpleNamespace(
                                             deepspeed_config=ds_config)))
     reference = torch.nn.Linear(2, 2)
-    assert sharding.prepare_reference(accelerator, reference) == "engine in eval mode"
+    engine = sharding.prepare_reference(accelerator, reference)
+    assert engine is not None and engine.training is False
     assert seen["model"] is reference and not any(p.requires_grad for p in reference.parameters())
     assert seen["config"] == {"zero_optimization": {"stage": 3}, "train_batch_size": 8}
     assert "optimizer" in ds_config  # the run's own config is left as it was

@@ -164,7 +164,8 @@ def prepare_reference(accelerator: Accelerator, reference: torch.nn.Module) -> t
         import deepspeed
 
         engine, *_ = deepspeed.initialize(model=reference, config=inference_deepspeed_config(accelerator))
-        return engine.eval()
+        engine.eval()  # DeepSpeedEngine.eval() returns None, not the engine
+        return engine
     return accelerator.prepare_model(reference, evaluation_mode=True)
 
 
