@@ -17,7 +17,6 @@ from accelerate.utils import gather_object
 
 from .data.schedule import select_rows
 from .rewards.scoring import reward_function_metrics
-from .sharding import sharding_of
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
@@ -93,14 +92,7 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": []}
     was_training = collector.model.training
     collector.model.eval()
-    starts: list[int | None] = list(range(0, len(indices), prompts_per_batch))
-    if sharding_of(collector.model) is not None:  # each generation is a collective: every process as many
-        most_rows = -(-len(dataset) // acc.num_processes)
-        starts += [None] * (-(-most_rows // prompts_per_batch) - len(starts))
-    for start in starts:
-        if start is None:  # a filler generation on a process with fewer rows; nothing is kept
-            collector.sample([dataset[0]["prompt"]], num_generations)
-            continue
+    for start in range(0, len(indices), prompts_per_batch):
         rows = select_rows(dataset, indices[start : start + prompts_per_batch])
         sampled = collector.sample([row["prompt"] for row in rows], num_generations)
         scored, _ = collector.score(rows, sampled, num_generations, global_step)
