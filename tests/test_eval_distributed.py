@@ -1,0 +1,87 @@
+"""evaluate() split over two processes: the same metrics as one process, hand values, every prompt
+scored exactly once (5 prompts over 2 processes, and 1 prompt, where one process has none), and only
+the main process writes the logged eval."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import torchrun
+
+SCRIPT = Path(__file__).with_name("eval_run.py")
+N = 4  # num_generations_eval in eval_run.py
+FIVE = ["0+1=1", "1+1=2", "2+1=3", "3+1=4", "4+1=5"]
+
+
+def run_one_process(out: Path) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, str(SCRIPT), str(out)], capture_output=True, text=True, timeout=600,
+                            env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / "rank0.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    one_dir, two_dir = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    single = run_one_process(one_dir)
+    result = torchrun(SCRIPT, two_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((two_dir / f"rank{r}.json").read_text()) for r in range(2)]
+    return single, ranks, two_dir
+
+
+def test_two_processes_give_one_processs_metrics_on_every_process(runs):
+    single, ranks, _ = runs
+    assert single["num_processes"] == 1 and [r["num_processes"] for r in ranks] == [2, 2]
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]  # every process returns the global metrics
+    assert set(ranks[0]["metrics"]) == set(single["metrics"])
+    assert ranks[0]["metrics"] == pytest.approx(single["metrics"], abs=1e-6)
+
+
+def test_eval_metrics_are_the_hand_values(runs):
+    # Greedy (top_k=1): "a+1=d" completes "dddddd", cut by the stop strings "22" and "4": lengths 6, 2, 6, 1, 6
+    # (the three of 6 are truncated). first_c_correct gives c = 1, 2, 3, 4, 0 of the 4 samples of each prompt.
+    _, ranks, _ = runs
+    m = ranks[0]["metrics"]
+    assert m["eval_five/completions/mean_length"] == pytest.approx(21 / 5)
+    assert m["eval_five/completions/min_length"] == 1 and m["eval_five/completions/max_length"] == 6
+    assert m["eval_five/completions/clipped_ratio"] == pytest.approx(3 / 5)
+    assert m["eval_five/rewards/first_c_correct/mean"] == pytest.approx(10 / 20)
+    assert m["eval_five/rewards/completion_tokens/mean"] == pytest.approx(21 / 5)
+    assert m["eval_five/reward"] == pytest.approx(10 / 20 + 21 / 5)  # weights 1 and 1
+    # Sample std within a group: 0.5 for c = 1 or 3 of 4, sqrt(1/3) for 2 of 4, 0 for 0 or 4 (lengths are constant).
+    assert m["eval_five/reward_std"] == pytest.approx((0.5 + 3 ** -0.5 + 0.5) / 5)
+    # pass@k = 1 - C(4 - c, k) / C(4, k), averaged over the five prompts.
+    assert m["eval_five/rewards/first_c_correct/pass@1"] == pytest.approx((1 + 2 + 3 + 4 + 0) / 4 / 5)
+    assert m["eval_five/rewards/first_c_correct/pass@2"] == pytest.approx(((1 - 3 / 6) + (1 - 1 / 6) + 1 + 1 + 0) / 5)
+    assert m["eval_five/rewards/first_c_correct/pass@4"] == pytest.approx(4 / 5)
+    # "7+2=9": c = 9 mod 5 = 4 of 4, six tokens each, all truncated.
+    assert m["eval_one/reward"] == pytest.approx(1 + 6) and m["eval_one/rewards/first_c_correct/pass@1"] == 1
+    assert m["eval_one/completions/clipped_ratio"] == 1
+
+
+def test_every_eval_prompt_is_scored_exactly_once(runs):
+    single, ranks, _ = runs
+    expected = Counter({prompt: N for prompt in [*FIVE, "7+2=9"]})
+    assert Counter(row["prompt"] for row in single["scored"]) == expected
+    assert Counter(row["prompt"] for rank in ranks for row in rank["scored"]) == expected  # none doubled or dropped
+    per_rank = [{row["prompt"] for row in rank["scored"]} for rank in ranks]
+    assert per_rank[0].isdisjoint(per_rank[1]) and len(per_rank[0]) == 4 and len(per_rank[1]) == 2  # 3 + 1 and 2 + 0
+    # The same greedy completions whichever process sampled them.
+    by_prompt = {row["prompt"]: row["ids"] for row in single["scored"]}
+    assert all(row["ids"] == by_prompt[row["prompt"]] for rank in ranks for row in rank["scored"])
+
+
+def test_only_the_main_process_logs_the_eval(runs):
+    _, ranks, two_dir = runs
+    lines = [json.loads(line) for line in (two_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [line for line in lines if "eval_five/reward" in line]
+    assert len(lines) == 2 and len(evals) == 1  # one training row and one eval row, from one process
+    # lr 1e-30 moved no weight: the logged eval is the one evaluate() returned before training.
+    assert {k: v for k, v in evals[0].items() if k != "step"} == pytest.approx(ranks[0]["metrics"], abs=1e-6)
