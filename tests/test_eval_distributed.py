@@ -10,6 +10,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
+
+from rloo.evaluation import evaluate
+from rloo.generation.base import SampledBatch
+from rloo.rewards.scoring import ScoredBatch
 
 from conftest import torchrun
 
@@ -85,3 +90,51 @@ def test_only_the_main_process_logs_the_eval(runs):
     assert len(lines) == 2 and len(evals) == 1  # one training row and one eval row, from one process
     # lr 1e-30 moved no weight: the logged eval is the one evaluate() returned before training.
     assert {k: v for k, v in evals[0].items() if k != "step"} == pytest.approx(ranks[0]["metrics"], abs=1e-6)
+
+
+class FakeProcess:
+    """What evaluate() reads of an accelerator: this process's place among `num_processes`."""
+
+    def __init__(self, process_index: int, num_processes: int):
+        self.process_index, self.num_processes = process_index, num_processes
+
+
+class CountingCollector:
+    """A collector that records its sample and score calls; every completion is the prompt's number."""
+
+    def __init__(self, process_index: int, num_processes: int):
+        self.accelerator = FakeProcess(process_index, num_processes)
+        self.model = torch.nn.Linear(1, 1)
+        self.sampled: list[list[str]] = []
+        self.scored: list[str] = []
+
+    def sample(self, prompts, num_generations):
+        self.sampled.append(list(prompts))
+        rows = len(prompts) * num_generations
+        ids = torch.tensor([[int(p)] for p in prompts for _ in range(num_generations)])
+        return SampledBatch(prompt_ids=ids, prompt_mask=torch.ones_like(ids), completion_ids=ids,
+                            completion_mask=torch.ones_like(ids), has_eos=torch.ones(rows, dtype=torch.bool))
+
+    def score(self, rows, sampled, num_generations, global_step):
+        assert sampled.completion_ids.shape[0] == len(rows) * num_generations
+        self.scored += [row["prompt"] for row in rows]
+        values = sampled.completion_ids[:, 0].float()
+        return ScoredBatch(scores=values, per_function=values[:, None], valid=torch.ones_like(values, dtype=torch.bool)), None
+
+
+@pytest.mark.parametrize("size", [1, 4, 5, 7])
+def test_every_process_samples_as_often_and_scores_only_its_own_prompts(size, monkeypatch):
+    # Under FSDP2 / ZeRO-3 every sample call is a collective (the weights are gathered): a process with a
+    # smaller share must still call it as often as the others, and must not score the stand-in it samples.
+    other_process = {"scores": torch.zeros(1, 2), "per_function": torch.zeros(1, 2, 1),
+                     "lengths": torch.ones(1, 2, dtype=torch.long), "truncated": torch.zeros(1, 2, dtype=torch.bool)}
+    monkeypatch.setattr("rloo.evaluation.gather_object", lambda parts: [*parts, other_process])  # one process here
+    dataset = [{"prompt": str(i)} for i in range(size)]
+    collectors = [CountingCollector(rank, 2) for rank in range(2)]
+    for collector in collectors:
+        evaluate(collector, dataset, ["number"], num_generations=2, prompts_per_batch=2, global_step=0)
+    assert len(collectors[0].sampled) == len(collectors[1].sampled) == -(-(-(-size // 2)) // 2)
+    assert [len(batch) for batch in collectors[0].sampled] == [len(batch) for batch in collectors[1].sampled]
+    assert sorted(collectors[0].scored + collectors[1].scored, key=int) == [str(i) for i in range(size)]
+    assert collectors[0].scored == [str(i) for i in range(0, size, 2)]
+    assert collectors[1].scored == [str(i) for i in range(1, size, 2)]

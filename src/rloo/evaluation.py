@@ -10,12 +10,14 @@ over prompts. `pass@k` is the weighted reward's; `rewards/{name}/pass@k` each bi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import torch
 from accelerate.utils import gather_object
 
 from .data.schedule import select_rows
+from .generation.base import SampledBatch
 from .rewards.scoring import reward_function_metrics
 
 
@@ -81,20 +83,40 @@ def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequen
     return {prefix + key: value for key, value in metrics.items()}
 
 
+def first_prompts(sampled: SampledBatch, num_prompts: int, num_generations: int) -> SampledBatch:
+    """The groups of the first `num_prompts` prompts of a batch (rows b*K + k of prompt b)."""
+    rows = num_prompts * num_generations
+    return dataclasses.replace(sampled, **{
+        field.name: value[:rows] for field in dataclasses.fields(sampled)
+        if isinstance(value := getattr(sampled, field.name), torch.Tensor)})
+
+
 @torch.no_grad()
 def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_generations: int,
              prompts_per_batch: int, global_step: int, prefix: str = "eval/") -> dict[str, float]:
     """Sample `num_generations` completions of every prompt of `dataset` (split over processes),
     score them with the collector's reward functions (`RolloutCollector.score`, unshaped) and return
-    `eval_metrics` on every process."""
+    `eval_metrics` on every process.
+
+    Every process makes the same number of `sample` calls: under sharding (FSDP2, ZeRO-3) each call
+    gathers the weights, a collective. Where the split is uneven, a process whose share ran out
+    fills its batch with a copy of a row, samples it and drops it unscored, so each prompt is
+    counted exactly once."""
     acc = collector.accelerator
     indices = list(range(acc.process_index, len(dataset), acc.num_processes))
+    per_process = -(-len(dataset) // acc.num_processes)  # the largest share
     parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": []}
     was_training = collector.model.training
     collector.model.eval()
-    for start in range(0, len(indices), prompts_per_batch):
+    for start in range(0, per_process, prompts_per_batch):
         rows = select_rows(dataset, indices[start : start + prompts_per_batch])
-        sampled = collector.sample([row["prompt"] for row in rows], num_generations)
+        batch_size = min(prompts_per_batch, per_process - start)  # the same on every process
+        filler = rows[-1:] or select_rows(dataset, [0])  # a copy of a row: no extra prompt padding
+        sampled = collector.sample([row["prompt"] for row in rows + filler * (batch_size - len(rows))],
+                                   num_generations)
+        if not rows:
+            continue
+        sampled = first_prompts(sampled, len(rows), num_generations)
         scored, _ = collector.score(rows, sampled, num_generations, global_step)
         shape = (len(rows), num_generations)
         parts["scores"].append(scored.scores.float().cpu().view(shape))
