@@ -22,7 +22,7 @@ from torch.distributed.fsdp import fully_shard
 
 from rloo import RLOOConfig
 from rloo.algo.logprobs import completion_logprobs
-from rloo.checkpoint import save_model
+from rloo.checkpoint import CheckpointError, check_finite_weights, save_model
 from rloo.generation import FastSampler, GenerateSampler
 from rloo.sharding import full_weights_for_generation, sharding_of
 from rloo.toy import build_char_tokenizer, build_tiny_model
@@ -110,5 +110,14 @@ result["lora_policy"] = logps(lora)  # adapters on: must differ, or disabling th
 save_model(acc, policy, tokenizer, RLOOConfig(output_dir=str(out)), str(out / "saved"))
 if acc.is_main_process:
     torch.save(full.state_dict(), out / "expected.pt")
+# A NaN in one process's shard only: both processes refuse to checkpoint (neither waits on the other).
+if rank == 1:
+    with torch.no_grad():
+        policy.model.norm.weight.to_local().fill_(float("nan"))
+try:
+    check_finite_weights(policy, step=7, accelerator=acc)
+    result["nan_refused"] = None
+except CheckpointError as error:
+    result["nan_refused"] = str(error)
 (out / f"rank{rank}.json").write_text(json.dumps(result))
 acc.wait_for_everyone()

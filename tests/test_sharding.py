@@ -87,6 +87,12 @@ def test_fsdp2_training_through_accelerate_matches_ddp_and_resumes(tmp_path):
         torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=1e-6, msg=name)
 
 
+def test_fsdp2_a_nan_in_one_shard_stops_every_process_from_saving(fsdp2_run):
+    _, ranks = fsdp2_run
+    assert "model.norm.weight" in ranks[1]["nan_refused"]  # the process holding it names it
+    assert "another process" in ranks[0]["nan_refused"]
+
+
 def test_gathering_off_needs_the_generate_sampler():
     with pytest.raises(ConfigError, match="ds3_gather_for_generation=False.*sampler='generate'"):
         RLOOConfig(ds3_gather_for_generation=False)
