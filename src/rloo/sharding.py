@@ -100,7 +100,8 @@ def _fsdp2_unsharded(model: torch.nn.Module) -> Iterator[None]:
     units[0]._get_fsdp_state()._lazy_init()
     # FSDP2 frees a unit's gathered weights after each of its forwards (reshard_after_forward);
     # during sampling they must stay. torch has a setter but no getter, so the per-group setting
-    # (`post_forward_mesh_info`, None = keep unsharded) is saved and restored as it was.
+    # (`post_forward_mesh_info`, None = keep unsharded) is saved and restored as it was. These are
+    # torch 2.13 internals; tests/test_sharding.py fails if they change meaning.
     groups = [group for unit in units for group in unit._get_fsdp_state()._fsdp_param_groups]
     saved = [group.post_forward_mesh_info for group in groups]
     for unit in units:
