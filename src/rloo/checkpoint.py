@@ -5,6 +5,8 @@ loads with `from_pretrained`; under LoRA only the adapters; the frozen reference
 saved state WITHOUT model weights (optimizer, scheduler, RNG) under `accelerate_state/`, and
 `trainer_state.json` with the loop's counters, the run's id and a manifest (size and sha256 of every
 file). Checkpoints fall between rollouts, so the state is the step, the rollout index and the episode count.
+Sharded (FSDP2, ZeRO-3), the save_pretrained files hold the full weights gathered from the shards,
+and accelerate's state also holds the sharded weights, which resuming restores (docs/launching.md).
 
 Atomicity: everything is written into `output_dir/.checkpoint-<step>.tmp/`, flushed and fsynced,
 `trainer_state.json` last, then the directory is renamed to `checkpoint-<step>`. A kill at any
@@ -28,6 +30,7 @@ import torch
 from accelerate import Accelerator
 
 from .config import ConfigError, RLOOConfig
+from .sharding import any_process, full_state_dict, local_tensor, sharding_of
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +53,13 @@ class CheckpointError(RuntimeError):
 
 def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,
                output_dir: str) -> None:
-    """Save the policy (or its adapters under LoRA), the tokenizer and the config with save_pretrained."""
+    """Save the policy (or its adapters under LoRA), the tokenizer and the config with save_pretrained;
+    from a sharded run (FSDP2, ZeRO-3) the full weights, gathered on the main process."""
     accelerator.wait_for_everyone()
+    state_dict = full_state_dict(accelerator, model)  # every process: a collective under sharding
     if accelerator.is_main_process:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        accelerator.unwrap_model(model).save_pretrained(output_dir, state_dict=accelerator.get_state_dict(model))
+        accelerator.unwrap_model(model).save_pretrained(output_dir, state_dict=state_dict)
         tokenizer.save_pretrained(output_dir)
         (Path(output_dir) / "rloo_config.json").write_text(json.dumps(args.to_dict(), indent=2, default=str))
     accelerator.wait_for_everyone()
@@ -70,18 +75,22 @@ def _skip_model_loading(models: list, input_dir: str) -> None:
     models.clear()
 
 
-def check_finite_weights(model: torch.nn.Module, step: int) -> None:
-    """Refuse to save non-finite weights: a checkpoint must be a state worth resuming from."""
-    for name, param in model.named_parameters():
-        if not torch.isfinite(param).all():
-            raise CheckpointError(f"parameter {name} holds NaN or inf at step {step}; no checkpoint was written. "
-                                  f"Lower learning_rate or max_grad_norm, or check the rewards.")
+def check_finite_weights(model: torch.nn.Module, step: int, accelerator: Accelerator | None = None) -> None:
+    """Refuse to save non-finite weights: a checkpoint must be a state worth resuming from. Sharded,
+    each process checks its own shards and all of them refuse together (given the accelerator)."""
+    bad = next((name for name, param in model.named_parameters() if not torch.isfinite(local_tensor(param)).all()),
+               None)
+    if accelerator is not None and sharding_of(model) is not None and any_process(accelerator, bad is not None):
+        bad = bad or "(a shard held by another process)"
+    if bad is not None:
+        raise CheckpointError(f"parameter {bad} holds NaN or inf at step {step}; no checkpoint was written. "
+                              f"Lower learning_rate or max_grad_norm, or check the rewards.")
 
 
 def save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,
                     global_step: int, rollout_index: int, episode: int, run_id: str = "") -> Path:
     """Write `checkpoint-<global_step>` atomically and rotate this run's old checkpoints; returns its path."""
-    check_finite_weights(accelerator.unwrap_model(model), global_step)
+    check_finite_weights(accelerator.unwrap_model(model), global_step, accelerator)
     output_dir = Path(args.output_dir)
     final = output_dir / f"checkpoint-{global_step}"
     temporary = output_dir / f".checkpoint-{global_step}.tmp"
@@ -238,7 +247,8 @@ def load_checkpoint(accelerator: Accelerator, model: torch.nn.Module, path: Path
             f"sizes and process count."
         )
     _check_optimizer_fields(path, args)
-    _load_weights(accelerator.unwrap_model(model), path)
+    if sharding_of(model) is None:  # sharded, accelerate restores the weights from its own sharded state below
+        _load_weights(accelerator.unwrap_model(model), path)
     handle = accelerator.register_load_state_pre_hook(_skip_model_loading)
     try:
         accelerator.load_state(str(path / ACCELERATE_STATE))

@@ -273,6 +273,12 @@ class RLOOConfig:
     """Run on CPU even where a GPU exists, and let a multi-process launch (torchrun, accelerate's
     MULTI_GPU config) form one world of N CPU processes (gloo) instead of N unconnected runs.
     ACCELERATE_USE_CPU=1 does the same."""
+    ds3_gather_for_generation: bool = True
+    """Under sharded training (FSDP2, DeepSpeed ZeRO-3): gather the full weights on every process
+    once per generation, so the sampler decodes without communicating (TRL's name; it covers FSDP2
+    too). False generates with the sharded model, all-gathering each layer at every decode step:
+    slower, for a model whose full weights do not fit on one device; it needs sampler="generate", whose
+    `generate` keeps every process stepping until all are done. No effect without sharding."""
     vllm_mode: str = "colocate"
     """With sampler="vllm": "colocate" runs a vLLM engine inside each training process; "server"
     talks to a separate `trl vllm-serve` process through TRL's VLLMClient."""

@@ -264,6 +264,10 @@ def _check_scale_out(c: RLOOConfig) -> None:
             f"vllm_importance_sampling_cap must be >= 1 (a cap below 1 would shrink every on-policy token), "
             f"got {c.vllm_importance_sampling_cap!r}; turn the correction off with "
             f"vllm_importance_sampling_correction=False instead.")
+    require(c.ds3_gather_for_generation or c.sampler == "generate",
+            f"ds3_gather_for_generation=False generates with the sharded model, which needs every process to run "
+            f"the same number of forwards; sampler={c.sampler!r} stops each process when its own rows end. Use "
+            f"sampler='generate' (generate keeps the processes in step), or leave ds3_gather_for_generation=True.")
     if c.sampler == "vllm":
         require(importlib.util.find_spec("vllm") is not None or c.vllm_mode == "server",
                 "sampler='vllm' with vllm_mode='colocate' needs vLLM in this process: `pip install rloo[vllm]` "

@@ -25,6 +25,7 @@ from .generation.base import SampledBatch, Sampler
 from .generation.stop import cut_at_stop_strings
 from .rewards.scoring import RewardFunction, ScoredBatch, reward_arguments, score_completions
 from .rewards.trl_names import RewardLog
+from .sharding import full_weights_for_generation
 
 
 @dataclass
@@ -222,9 +223,10 @@ class RolloutCollector:
         """K completions of each prompt (num_generations for eval), cut after the first stop string
         (which then counts as an end)."""
         args, acc = self.args, self.accelerator
-        with acc.autocast():
-            prompt_ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs)
-            sampled = self.sampler.sample(acc.unwrap_model(self.model), prompt_ids, num_generations or args.num_generations)
+        prompt_ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs)
+        # Sharded (FSDP2 / ZeRO-3): the full weights, gathered once for the whole generation.
+        with full_weights_for_generation(acc, self.model, args.ds3_gather_for_generation) as policy, acc.autocast():
+            sampled = self.sampler.sample(policy, prompt_ids, num_generations or args.num_generations)
         if args.stop_strings:
             sampled.completion_ids, sampled.completion_mask, sampled.has_eos = cut_at_stop_strings(
                 sampled.completion_ids, sampled.completion_mask, sampled.has_eos,
@@ -246,8 +248,8 @@ class RolloutCollector:
 
     @contextlib.contextmanager
     def reference_model(self) -> Iterator[torch.nn.Module]:
-        """The frozen reference: the separate copy, or under LoRA the policy with its adapters
-        disabled (no second copy of the weights)."""
+        """The frozen reference: the separate copy (sharded like the policy, `sharding.prepare_reference`),
+        or under LoRA the policy with its adapters disabled (no second copy of the weights)."""
         if self.reference is not None:
             yield self.reference
         else:

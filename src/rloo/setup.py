@@ -20,6 +20,7 @@ from .trackers import resolve_report_to
 from .data.schedule import PromptSchedule
 from .generation import FastSampler, GenerateSampler, Sampler
 from .launch import check_launch
+from .sharding import check_supported
 from .rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
 
 
@@ -34,6 +35,7 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
             f"gradient_accumulation_steps={args.gradient_accumulation_steps} in RLOOConfig. Set them equal; the "
             f"trainer's value decides where an optimizer step ends.")
     check_launch(accelerator.num_processes)
+    check_supported(accelerator)
     if accelerator.state.deepspeed_plugin is not None:  # no dataloader tells accelerate the micro-batch size
         deepspeed_setup.fill_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, args)
     return accelerator

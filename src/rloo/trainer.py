@@ -29,7 +29,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from . import checkpoint, evaluation, setup, trainer_api
+from . import checkpoint, evaluation, setup, sharding, trainer_api
 from .config import ConfigError, RLOOConfig
 from .run_control import StopSignals, prepare_output_dir, truncate_history
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
@@ -106,7 +106,7 @@ class RLOOTrainer:
         optimizer.zero_grad(set_to_none=True)
         scheduler = scheduler if scheduler is not None else setup.build_scheduler(optimizer, args, self.total_steps)
         self.model, self.optimizer, self.lr_scheduler = acc.prepare(policy, optimizer, scheduler)
-        self.reference = None if reference is None else acc.prepare_model(reference, evaluation_mode=True)
+        self.reference = None if reference is None else sharding.prepare_reference(acc, reference)
 
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.reward_functions, self.reward_weights = setup.build_rewards(

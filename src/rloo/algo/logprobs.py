@@ -118,13 +118,17 @@ def reachable_head(model: torch.nn.Module) -> torch.nn.Linear | None:
 
     Works through accelerate/DDP (`.module`) and PEFT wrappers, whose attribute lookups reach the
     base model. A head that is not exactly `nn.Linear` (LoRA or modules_to_save on lm_head, a
-    quantised head) or a logit scale applied after the head (Cohere's logit_scale, Granite's
+    quantised head), a head partitioned by DeepSpeed ZeRO-3, or a logit scale applied after the head (Cohere's logit_scale, Granite's
     logits_scaling) sends the model down the plain path.
     """
     inner = getattr(model, "module", model)
     get_head = getattr(inner, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if type(head) is not torch.nn.Linear:
+        return None
+    # ZeRO-3 partitions parameters and gathers them only inside their module's forward; the tiled
+    # path reads the head's weight outside it (where it is empty), so a partitioned head takes the plain path.
+    if hasattr(head.weight, "ds_id"):
         return None
     config = getattr(inner, "config", None)
     if getattr(config, "logit_scale", 1.0) not in (None, 1.0) or getattr(config, "logits_scaling", 1.0) not in (None, 1.0):
