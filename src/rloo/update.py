@@ -23,8 +23,8 @@ from accelerate import Accelerator
 
 from .algo.kl import token_kl
 from .algo.logprobs import completion_logprobs
-from .algo.shared_prefix import check_model as check_shared_prefix_model, shared_prefix_logprobs
 from .algo.loss import PolicyLossOutput, clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
+from .algo.shared_prefix import check_model as check_shared_prefix_model, shared_prefix_logprobs
 from .config import RLOOConfig
 from .metrics import step_metrics
 from .rollout import Rollout
