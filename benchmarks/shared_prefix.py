@@ -1,6 +1,7 @@
 """Seconds per training forward + backward of one micro-batch: every row whole (`completion_logprobs`
 on [prompt | completion], each prompt run K times) against the shared-prefix forward
-(`algo.shared_prefix`: each group packed as [prompt | c_1 | ... | c_K] with a block attention mask).
+(`shared_prefix_forward`, `algo.prefix_logprobs.shared_prompt_logprobs`: each prompt run once with
+grad, its K completions on copies of its KV cache, which stay in the autograd graph).
 
     OMP_NUM_THREADS=1 python benchmarks/shared_prefix.py
     OMP_NUM_THREADS=1 python benchmarks/shared_prefix.py --repeats 5 --attn eager --device cuda
@@ -26,7 +27,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this checkout's rloo first
 
 from rloo.algo.logprobs import completion_logprobs  # noqa: E402
-from rloo.algo.shared_prefix import shared_prefix_logprobs  # noqa: E402
+from rloo.algo.prefix_logprobs import shared_prompt_logprobs  # noqa: E402
 
 MODELS = {
     "body": dict(vocab_size=1_000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -45,7 +46,7 @@ def plain_step(model, prompt_ids, prompt_mask, completion_ids):
 
 
 def shared_step(model, prompt_ids, prompt_mask, completion_ids):
-    logps, _ = shared_prefix_logprobs(model, prompt_ids, prompt_mask, completion_ids)
+    logps, _ = shared_prompt_logprobs(model, prompt_ids, prompt_mask, completion_ids, torch.ones_like(completion_ids))
     logps.sum().backward()
 
 

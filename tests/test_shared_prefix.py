@@ -1,5 +1,6 @@
-"""The shared-prefix training forward (algo.shared_prefix): packing and mask by hand, and the same
-log-probs, entropies and gradients as running every row whole, on Qwen2 and GPT-2, eager and sdpa."""
+"""The shared-prefix training forward (`shared_prefix_forward`, algo.prefix_logprobs.shared_prompt_logprobs):
+the same log-probs, entropies and gradients as running every row whole, on Qwen2 and GPT-2, eager
+and sdpa, with left-padded prompts and micro-batches that cut groups."""
 
 import pytest
 import torch
@@ -7,29 +8,8 @@ import transformers
 
 from rloo import update as update_module
 from rloo.algo.logprobs import completion_logprobs
-from rloo.algo.shared_prefix import block_mask, pack_groups, prompt_runs, shared_prefix_logprobs
-
-
-def test_packing_by_hand():
-    # Rows 0-1 share prompt [5, 6] (left-padded to 3), row 2 has prompt [7, 8, 9]; completions of 2 tokens.
-    prompt_ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9]])
-    prompt_mask = torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1]])
-    completion_ids = torch.tensor([[11, 12], [21, 22], [31, 32]])
-    assert prompt_runs(prompt_ids, prompt_mask) == [(0, 2), (2, 3)]
-    input_ids, positions, segments, source = pack_groups(prompt_ids, prompt_mask, completion_ids)
-    assert input_ids.tolist() == [[5, 6, 11, 12, 21, 22], [7, 8, 9, 31, 32, 0]]
-    assert positions.tolist() == [[0, 1, 2, 3, 2, 3], [0, 1, 2, 3, 4, 0]]
-    assert segments.tolist() == [[0, 0, 1, 1, 2, 2], [0, 0, 0, 1, 1, -1]]
-    # Token 0 of each completion is predicted by the prompt's last token; token 1 by token 0.
-    assert source.tolist() == [[1, 2], [1, 4], [6 + 2, 6 + 3]]
-    visible = block_mask(segments)[:, 0].long()
-    assert visible[0].tolist() == [[1, 0, 0, 0, 0, 0],
-                                   [1, 1, 0, 0, 0, 0],
-                                   [1, 1, 1, 0, 0, 0],
-                                   [1, 1, 1, 1, 0, 0],
-                                   [1, 1, 0, 0, 1, 0],  # completion 2 skips completion 1
-                                   [1, 1, 0, 0, 1, 1]]
-    assert visible[1, 5].tolist() == [0, 0, 0, 0, 0, 1]  # packing padding sees only itself (no NaN row)
+from rloo.algo import prefix_logprobs
+from rloo.algo.prefix_logprobs import shared_prompt_logprobs
 
 
 def gpt2_model(tokenizer, implementation):
@@ -72,8 +52,8 @@ def test_same_logprobs_entropies_and_gradients_as_whole_rows(make_model, tokeniz
     want = run(lambda: completion_logprobs(
         model, torch.cat([prompt_ids, completion_ids], 1)[rows], torch.cat([prompt_mask, completion_mask], 1)[rows],
         c, 0.7, with_entropy=True, entropy_grad=True))
-    got = run(lambda: shared_prefix_logprobs(model, prompt_ids[rows], prompt_mask[rows], completion_ids[rows], 0.7,
-                                             with_entropy=True, entropy_grad=True))
+    got = run(lambda: shared_prompt_logprobs(model, prompt_ids[rows], prompt_mask[rows], completion_ids[rows],
+                                             completion_mask[rows], 0.7, with_entropy=True, entropy_grad=True))
     torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
     assert got[2].keys() == want[2].keys()
@@ -81,17 +61,8 @@ def test_same_logprobs_entropies_and_gradients_as_whole_rows(make_model, tokeniz
         torch.testing.assert_close(got[2][name], want[2][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_refuses_attention_without_custom_masks(make_model):
-    model = make_model()
-    model.config._attn_implementation = "flash_attention_2"
-    ids = torch.tensor([[3, 4]])
-    with pytest.raises(ValueError, match="shared_prefix_forward needs attn_implementation in \\('eager', 'sdpa'\\)"):
-        shared_prefix_logprobs(model, ids, torch.ones_like(ids), ids)
-
-
-@pytest.mark.parametrize("checkpointing", [False, True])
 def test_trainer_micro_batch_loss_is_the_same_with_the_shared_prefix_forward(tmp_path, make_model, tokenizer,
-                                                                             monkeypatch, checkpointing):
+                                                                             monkeypatch):
     from datasets import Dataset
 
     from rloo import RLOOConfig, RLOOTrainer
@@ -101,10 +72,11 @@ def test_trainer_micro_batch_loss_is_the_same_with_the_shared_prefix_forward(tmp
     args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=6, gradient_accumulation_steps=2,
                       num_generations=4, max_completion_length=6, beta=0.1,
                       kl_penalty="loss", entropy_coef=0.01, temperature=0.8, max_steps=1, save_steps=0, seed=0,
-                      shared_prefix_forward=True, gradient_checkpointing=checkpointing)
+                      shared_prefix_forward=True)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer)
     rollout, _ = trainer.collect(rows)
+    trainer.model.train()
     micro = rollout.micro_batch(2, 7)  # rows 2-8: the end of group 0, group 1, the start of group 2
 
     def loss_and_grads(shared: bool):
@@ -115,8 +87,8 @@ def test_trainer_micro_batch_loss_is_the_same_with_the_shared_prefix_forward(tmp
         return numerators.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
 
     calls = []
-    monkeypatch.setattr(update_module, "shared_prefix_logprobs",
-                        lambda *a, **k: calls.append(1) or shared_prefix_logprobs(*a, **k))
+    monkeypatch.setattr(update_module, "shared_prompt_logprobs",
+                        lambda *a, **k: calls.append(1) or shared_prompt_logprobs(*a, **k))
     want = loss_and_grads(False)
     assert calls == []
     got = loss_and_grads(True)
@@ -127,16 +99,44 @@ def test_trainer_micro_batch_loss_is_the_same_with_the_shared_prefix_forward(tmp
         torch.testing.assert_close(got[1][name], want[1][name], atol=1e-6, rtol=1e-4, msg=name)
 
 
-def test_trainer_refuses_the_shared_prefix_forward_without_custom_masks(tmp_path, make_model, tokenizer):
+def test_trainer_refuses_the_shared_prefix_forward_on_a_sliding_window_model(tmp_path, tokenizer):
     from datasets import Dataset
 
     from rloo import RLOOConfig, RLOOTrainer
     from conftest import digit_fraction
 
-    model = make_model()
-    model.config._attn_implementation = "flash_attention_2"
+    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+                                      use_sliding_window=True, sliding_window=4, max_window_layers=0,
+                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=4, beta=0.0, max_steps=1, save_steps=0, shared_prefix_forward=True)
-    with pytest.raises(ValueError, match="model_init_kwargs=\\{'attn_implementation': 'sdpa'\\}"):
-        RLOOTrainer(model, digit_fraction, args=args, train_dataset=Dataset.from_list([{"prompt": "1+1="}]),
-                    processing_class=tokenizer)
+    with pytest.raises(ValueError, match="shared_prefix_forward needs a decoder whose KV cache is plain full attention"):
+        RLOOTrainer(transformers.Qwen2ForCausalLM(config), digit_fraction, args=args,
+                    train_dataset=Dataset.from_list([{"prompt": "1+1="}]), processing_class=tokenizer)
+
+
+def test_logits_path_when_the_head_is_out_of_reach(make_model, monkeypatch):
+    model = make_model(seed=4)
+    gen = torch.Generator().manual_seed(1)
+    prompt_ids = torch.randint(3, model.config.vocab_size, (2, 5), generator=gen).repeat_interleave(3, 0)
+    completion_ids = torch.randint(3, model.config.vocab_size, (6, 4), generator=gen)
+    masks = torch.ones_like(prompt_ids), torch.ones_like(completion_ids)
+    want, want_entropy = completion_logprobs(model, torch.cat([prompt_ids, completion_ids], 1), torch.cat(masks, 1), 4,
+                                             1.3, with_entropy=True)
+    monkeypatch.setattr(prefix_logprobs, "reachable_head", lambda model: None)
+    got, entropy = shared_prompt_logprobs(model, prompt_ids, masks[0], completion_ids, masks[1], 1.3, with_entropy=True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prefix_forward_refuses_gradient_checkpointing(make_model):
+    from rloo import RLOOConfig
+    from rloo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="shared_prefix_forward and gradient_checkpointing cannot both be on"):
+        RLOOConfig(shared_prefix_forward=True, gradient_checkpointing=True)
+    model = make_model()
+    model.gradient_checkpointing_enable()
+    with pytest.raises(ValueError, match="transformers turns off under gradient checkpointing"):
+        prefix_logprobs.check_shared_prompt_model(model)

@@ -129,8 +129,8 @@ class RLOOConfig:
     512 / completion 64, 5.4x at 1024 / 32 on CPU), costs on short prompts and long completions
     (0.63x at 64 / 256), where the packed sequence's dense attention outgrows what the shared prompt
     saves (benchmarks/shared_prefix.py, docs/algorithm.md).
-    Needs attn_implementation "eager" or "sdpa" and an LM head the tiled path reaches (no LoRA on
-    lm_head). Off by default."""
+    Needs a model whose KV cache is plain full attention (no sliding window); not with
+    gradient_checkpointing (which turns the cache off). Off by default."""
     bf16: bool | None = None
     """Run forward and backward passes under bf16 autocast (accelerate mixed precision). None (default)
     means auto: on where a CUDA GPU supports bf16, off on CPU and older GPUs. An explicit value is used
