@@ -1,4 +1,4 @@
-"""No-grad completion log-probs that run each prompt once per group, not once per completion.
+"""Completion log-probs that run each prompt once per group, not once per completion.
 
 A rollout holds N prompts with K completions each (rows p*K .. p*K + K - 1 share prompt p). The
 plain pass (`logprobs.completion_logprobs`) runs all N*K rows of [prompt | completion], so every
