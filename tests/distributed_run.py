@@ -26,7 +26,8 @@ def digit_fraction(prompts, completions):
 
 args = RLOOConfig(output_dir=str(out / "run"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
                   num_generations=4, max_completion_length=5, learning_rate=1e-2, beta=0.1, max_steps=3,
-                  logging_steps=1, save_steps=0, use_cpu="--use_cpu" in sys.argv)
+                  logging_steps=1, save_steps=0, use_cpu="--use_cpu" in sys.argv,
+                  shared_prefix_forward="--shared_prefix_forward" in sys.argv)
 trainer = RLOOTrainer(model, digit_fraction, args=args, train_dataset=dataset, processing_class=tokenizer)
 trainer.train()
 checksum = sum(p.double().sum().item() for p in trainer.model.parameters())

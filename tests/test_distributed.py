@@ -26,3 +26,17 @@ def test_two_processes_keep_groups_whole_and_weights_in_sync(tmp_path):
     assert len(lines) == 3  # only the main process writes
     # The linear schedule decays once per optimizer step, not once per process: 1e-2 * (3 - step) / 3.
     assert [json.loads(line)["lr"] for line in lines] == pytest.approx([1e-2 * 2 / 3, 1e-2 / 3, 0.0])
+
+
+def test_two_processes_with_the_shared_prefix_forward_train_like_the_whole_row_pass(tmp_path):
+    # The shared-prefix forward calls the DDP-wrapped model twice (prompts, then completions) before
+    # one backward: DDP must still average the same gradients.
+    checksums = []
+    for variant in ("whole", "shared"):
+        extra = ["--shared_prefix_forward"] if variant == "shared" else []
+        result = torchrun(Path(__file__).with_name("distributed_run.py"), tmp_path / variant, *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        ranks = [json.loads((tmp_path / variant / f"rank{r}.json").read_text()) for r in range(2)]
+        assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
+        checksums.append(ranks[0]["checksum"])
+    assert checksums[1] == pytest.approx(checksums[0], rel=1e-6)

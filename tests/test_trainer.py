@@ -86,15 +86,18 @@ def test_seed_000_config_with_reward_model_keyword_and_narrow_signature(tmp_path
 
 def test_one_iteration_without_kl_runs_no_extra_forward(tmp_path, make_model, tokenizer, digit_dataset, monkeypatch):
     calls = []
-    real = rollout_module.completion_logprobs
 
-    def counting(model, *args, **kwargs):
-        calls.append(torch.is_grad_enabled())
-        return real(model, *args, **kwargs)
+    def counted(real):
+        def counting(model, *args, **kwargs):
+            calls.append(torch.is_grad_enabled())
+            return real(model, *args, **kwargs)
+        return counting
 
-    # Every log-prob pass goes through one of these two: the no-grad passes of a rollout, the training pass.
-    monkeypatch.setattr(rollout_module, "completion_logprobs", counting)
-    monkeypatch.setattr(update_module, "completion_logprobs", counting)
+    # Every log-prob pass goes through one of these: a rollout's no-grad passes (one call per pass,
+    # each prompt once per group), the training pass (one call per micro-batch).
+    monkeypatch.setattr(rollout_module, "completion_logprobs", counted(rollout_module.completion_logprobs))
+    monkeypatch.setattr(rollout_module, "grouped_completion_logprobs", counted(rollout_module.grouped_completion_logprobs))
+    monkeypatch.setattr(update_module, "completion_logprobs", counted(update_module.completion_logprobs))
     args = _config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=1)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     assert trainer.reference is None  # beta == 0 loads no reference model
@@ -107,15 +110,15 @@ def test_one_iteration_without_kl_runs_no_extra_forward(tmp_path, make_model, to
     assert trainer.reference is not None
     trainer.train()
     # fp32, one iteration: the sampler's log-probs stand in for the policy's no-grad pass, so only the
-    # reference's no-grad pass (two micro-batches) runs before training.
-    assert calls == [False, False, True, True]
+    # reference's no-grad pass runs before training.
+    assert calls == [False, True, True]
 
     calls.clear()
     args = _config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=2, beta=0.1,
                    num_iterations=2)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     trainer.train()
-    assert calls == [False, False, False, False, True, True, True, True]  # policy and reference no-grad, then training
+    assert calls == [False, False, True, True, True, True]  # policy and reference no-grad, then training
 
 
 def test_kl_starts_at_zero_and_is_folded_into_rewards(tmp_path, make_model, tokenizer, digit_dataset):

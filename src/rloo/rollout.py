@@ -18,6 +18,7 @@ from .algo.advantages import compute_advantages, whiten
 from .algo.importance import mismatch_sums, truncated_importance_weights
 from .algo.kl import kl_penalized_reward, token_kl, token_kl_advantages
 from .algo.logprobs import completion_logprobs
+from .algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
 from .algo.shaping import shape_scores
 from .config import RLOOConfig
 from .data.prompts import as_completions, tokenize_prompts
@@ -258,12 +259,22 @@ class RolloutCollector:
                 yield policy
 
     def logprobs(self, model: torch.nn.Module, sampled: SampledBatch) -> torch.Tensor:
-        """No-grad (B, C) completion log-probs, in micro-batches of per_device_train_batch_size."""
-        input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)  # (B, P + C)
-        attention_mask = torch.cat([sampled.prompt_mask, sampled.completion_mask], dim=1)
+        """No-grad (B, C) completion log-probs, in micro-batches of per_device_train_batch_size rows.
+
+        Each group's prompt runs once and its K completions on a copy of its KV cache
+        (`algo.prefix_logprobs`), the same log-probs as running every row whole; models whose cache
+        cannot be shared that way (sliding windows), or rows whose groups do not share one prompt,
+        run every row whole."""
         completion_length, size = sampled.completion_ids.shape[1], self.args.per_device_train_batch_size
-        chunks = []
+        group_size = self.args.num_generations
         with self.accelerator.autocast():
+            if can_share_prompts(model) and groups_share_prompts(sampled.prompt_ids, sampled.prompt_mask, group_size):
+                return grouped_completion_logprobs(model, sampled.prompt_ids, sampled.prompt_mask,
+                                                   sampled.completion_ids, sampled.completion_mask, group_size,
+                                                   self.args.temperature, rows_per_pass=size)
+            input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)  # (B, P + C)
+            attention_mask = torch.cat([sampled.prompt_mask, sampled.completion_mask], dim=1)
+            chunks = []
             for start in range(0, input_ids.shape[0], size):
                 logps, _ = completion_logprobs(model, input_ids[start : start + size],
                                                attention_mask[start : start + size], completion_length,

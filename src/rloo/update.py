@@ -24,6 +24,7 @@ from accelerate import Accelerator
 from .algo.kl import token_kl
 from .algo.logprobs import completion_logprobs
 from .algo.loss import PolicyLossOutput, clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
+from .algo.prefix_logprobs import check_shared_prompt_model, shared_prompt_logprobs
 from .config import RLOOConfig
 from .metrics import step_metrics
 from .rollout import Rollout
@@ -53,6 +54,10 @@ class Learner:
     model: torch.nn.Module  # prepared by accelerate
     optimizer: torch.optim.Optimizer
     lr_scheduler: Any
+
+    def __post_init__(self) -> None:
+        if self.args.shared_prefix_forward:
+            check_shared_prompt_model(self.model)  # refuse at construction, not at the first step
 
     def step(self, mini_batch: Rollout) -> dict[str, float]:
         """One optimizer step over a mini-batch; returns the step's metrics."""
@@ -124,10 +129,16 @@ class Learner:
     def micro_batch_loss(self, micro: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """(b,) per-completion loss numerators with grad, and the sums the step's metrics are built from."""
         args = self.args
-        input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
-        attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)
-        logps, entropy = completion_logprobs(self.model, input_ids, attention_mask, micro.completion_ids.shape[1],
-                                             args.temperature, with_entropy=True, entropy_grad=args.entropy_coef > 0)
+        if args.shared_prefix_forward:  # each prompt once, its completions on copies of its KV cache
+            logps, entropy = shared_prompt_logprobs(self.model, micro.prompt_ids, micro.prompt_mask,
+                                                    micro.completion_ids, micro.completion_mask, args.temperature,
+                                                    with_entropy=True, entropy_grad=args.entropy_coef > 0)
+        else:
+            input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
+            attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)
+            logps, entropy = completion_logprobs(self.model, input_ids, attention_mask, micro.completion_ids.shape[1],
+                                                 args.temperature, with_entropy=True,
+                                                 entropy_grad=args.entropy_coef > 0)
         mask = micro.loss_mask()  # (b, C)
         # Used once, pi_old is the current policy detached (ratio 1, gradient of log pi).
         old_logps = logps.detach() if micro.old_logps is None else micro.old_logps

@@ -1,0 +1,206 @@
+"""Completion log-probs that run each prompt once per group, not once per completion.
+
+A rollout holds N prompts with K completions each (rows p*K .. p*K + K - 1 share prompt p). The
+plain pass (`logprobs.completion_logprobs`) runs all N*K rows of [prompt | completion], so every
+prompt goes through the model K times. `grouped_completion_logprobs` instead
+
+  1. runs the N distinct prompts once (prefill), keeping their KV cache;
+  2. copies each prompt's cache to its K completion rows and runs only the completions on it, with
+     the positions the plain pass gives them (left padding skipped);
+  3. reduces the hidden states to log-probs through the tiled LM head (`algo.lm_head`) when it can
+     reach the head, else from the logits, exactly as the plain pass does.
+
+Attention is causal, so the prompt's keys and values do not depend on what follows them: the result
+equals the plain pass's up to floating-point summation order. It is for the no-grad passes (pi_ref,
+and pi_old when a pass computes it). `shared_prompt_logprobs` is the same computation with grad for
+the training forward (`shared_prefix_forward`): the copies of the cache stay in the autograd graph,
+so the prompt's gradients add up as the whole-row pass's K copies do. Models whose cache is not a
+plain full-attention `DynamicCache` (sliding windows, recurrent layers) are refused by
+`can_share_prompts`, and the caller takes the plain path.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .lm_head import tiled_head_logprobs
+from .logprobs import entropy_from_logits, position_ids_from_mask, reachable_head, selective_log_softmax
+
+
+def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int) -> bool:
+    """True when the (B, P) rows come in groups of `group_size` consecutive rows with one prompt each."""
+    if group_size < 1 or prompt_ids.shape[0] % group_size:
+        return False
+    ids = prompt_ids.view(-1, group_size, prompt_ids.shape[1])  # (N, K, P)
+    mask = prompt_mask.view(-1, group_size, prompt_mask.shape[1])
+    return bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all())
+
+
+def can_share_prompts(model: torch.nn.Module) -> bool:
+    """True when `model`'s cache is made of plain full-attention layers (what step 2 copies)."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    try:
+        cache = DynamicCache(config=config)
+    except Exception:  # a config transformers cannot lay a cache out for
+        return False
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def check_shared_prompt_model(model: torch.nn.Module) -> None:
+    """Refuse, with the fix, a model whose cache `shared_prompt_logprobs` cannot share (shared_prefix_forward)."""
+    if not can_share_prompts(model):
+        raise ValueError("shared_prefix_forward needs a decoder whose KV cache is plain full attention (no sliding "
+                         "window or recurrent layers), so that completions can run on a copy of their prompt's "
+                         "cache; turn shared_prefix_forward off for this model.")
+    if getattr(getattr(model, "module", model), "is_gradient_checkpointing", False):
+        raise ValueError("shared_prefix_forward needs the KV cache, which transformers turns off under gradient "
+                         "checkpointing; disable gradient checkpointing on the model or turn shared_prefix_forward off.")
+
+
+def _run(model: torch.nn.Module, head: torch.nn.Linear | None, **inputs) -> torch.Tensor:
+    """The model's final hidden states (head reachable; the head itself computes nothing) or logits."""
+    if head is None:
+        return model(**inputs).logits
+    caught = {}
+
+    def catch_hidden(module, args):  # (b, n, H) -> an empty (b, 0, H): no logits are built
+        caught["hidden"] = args[0]
+        return (args[0][..., :0, :],) + tuple(args[1:])
+
+    handle = head.register_forward_pre_hook(catch_hidden)
+    try:
+        model(**inputs)
+    finally:
+        handle.remove()
+    return caught["hidden"]
+
+
+@torch.no_grad()
+def grouped_completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    group_size: int,
+    temperature: float = 1.0,
+    rows_per_pass: int | None = None,
+) -> torch.Tensor:
+    """No-grad log-probs of the completion tokens, each group's prompt run once.
+
+    Args:
+        model: a causal LM taking input_ids, attention_mask, position_ids, past_key_values, logits_to_keep.
+        prompt_ids: (B, P) left-padded prompts, B = N * K, rows p*K .. p*K + K - 1 holding the same prompt.
+        prompt_mask: (B, P) 1 for real prompt tokens.
+        completion_ids: (B, C) right-padded completions.
+        completion_mask: (B, C) 1 for real completion tokens.
+        group_size: K.
+        temperature: logits are divided by it, as in sampling.
+        rows_per_pass: completion rows per forward (and K-groups' prompts per prefill, at least one
+            group); None runs everything at once.
+
+    Returns:
+        (B, C) fp32 log-probs of the completion tokens (as `completion_logprobs` gives them).
+    """
+    if not groups_share_prompts(prompt_ids, prompt_mask, group_size):
+        raise ValueError(f"rows must come in groups of group_size={group_size} consecutive rows sharing one prompt")
+    total, length = completion_ids.shape
+    rows_per_pass = rows_per_pass or total
+    # Whole groups per prefill: at least one, at most as many as rows_per_pass rows hold.
+    rows_per_prefill = max(1, rows_per_pass // group_size) * group_size
+    chunks = []
+    for start in range(0, total, rows_per_prefill):
+        rows = slice(start, start + rows_per_prefill)
+        owner = torch.arange(completion_ids[rows].shape[0], device=completion_ids.device) // group_size
+        logps, _ = _prompt_once(model, prompt_ids[rows], prompt_mask[rows], completion_ids[rows],
+                                completion_mask[rows], owner, temperature, rows_per_pass)
+        chunks.append(logps)
+    return torch.cat(chunks) if chunks else completion_ids.new_zeros(0, length, dtype=torch.float32)
+
+
+def shared_prompt_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The training forward of a micro-batch with each distinct prompt run once (`shared_prefix_forward`).
+
+    Consecutive rows with the same prompt share one prefill; the completions run on copies of its KV
+    cache, which stay in the autograd graph, so the prompt's gradients add up as the whole-row
+    pass's copies do: the same log-probs and gradients as `completion_logprobs` on the whole rows.
+
+    Args:
+        model: as for `grouped_completion_logprobs`.
+        prompt_ids, prompt_mask: (B, P) left-padded prompts; a micro-batch may cut groups.
+        completion_ids, completion_mask: (B, C) right-padded completions.
+        temperature, with_entropy, entropy_grad: as in `logprobs.completion_logprobs`.
+
+    Returns:
+        (B, C) fp32 log-probs, and (B, C) entropies or None.
+    """
+    new_prompt = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)  # (B,)
+    new_prompt[1:] = ((prompt_ids[1:] != prompt_ids[:-1]) | (prompt_mask[1:] != prompt_mask[:-1])).any(dim=1)
+    owner = new_prompt.long().cumsum(0) - 1  # (B,) index of each row's prompt among the distinct ones
+    logps, entropy = _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask, owner, temperature,
+                                  None, with_entropy)
+    if entropy is not None and not entropy_grad:
+        entropy = entropy.detach()
+    return logps, entropy
+
+
+def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask, owner, temperature, rows_per_pass,
+                 with_entropy=False):
+    """Rows whose prompts are the distinct prompts `owner` points to: one prefill of those prompts,
+    then the completions in row blocks on copies of their cache. Returns (b, C) log-probs, entropies."""
+    head = reachable_head(model)
+    config = getattr(model, "module", model).config
+    first_rows = torch.cat([owner.new_zeros(1), (owner[1:] != owner[:-1]).nonzero().flatten() + 1])  # (n,)
+    unique_ids, unique_mask = prompt_ids[first_rows], prompt_mask[first_rows]  # (n, P)
+    cache = DynamicCache(config=config)
+    # Step 1: the n distinct prompts once; the last position predicts the first completion token.
+    first = _run(model, head, input_ids=unique_ids, attention_mask=unique_mask,
+                 position_ids=position_ids_from_mask(unique_mask), past_key_values=cache, use_cache=True,
+                 logits_to_keep=1)[:, -1]  # (n, H) or (n, V)
+    prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer (n, heads, P, D) each
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (b, P + C)
+    # The positions the plain pass gives the completion tokens (left padding skipped).
+    positions = position_ids_from_mask(attention_mask)[:, prompt_ids.shape[1]:]  # (b, C)
+    total = completion_ids.shape[0]
+    rows_per_pass = rows_per_pass or total
+    logps, entropies = [], []
+    for start in range(0, total, rows_per_pass):
+        rows = torch.arange(start, min(start + rows_per_pass, total), device=prompt_ids.device)
+        states = first[owner[rows]].unsqueeze(1)  # (r, 1, H) or (r, 1, V)
+        if completion_ids.shape[1] > 1:
+            # Step 2: this block's copy of its prompts' cache, then the completion tokens but the
+            # last (which predicts nothing) on it.
+            block_cache = DynamicCache(ddp_cache_data=[(keys[owner[rows]], values[owner[rows]])
+                                                       for keys, values in prompt_kv])
+            later = _run(model, head, input_ids=completion_ids[rows, :-1], attention_mask=attention_mask[rows, :-1],
+                         position_ids=positions[rows, :-1], past_key_values=block_cache, use_cache=True,
+                         logits_to_keep=0)  # (r, C - 1, H) or (r, C - 1, V)
+            states = torch.cat([states, later], dim=1)  # (r, C, H) or (r, C, V)
+        block_logps, block_entropy = _reduce(model, head, states, completion_ids[rows], temperature, with_entropy)
+        logps.append(block_logps)
+        entropies.append(block_entropy)
+    return torch.cat(logps), torch.cat(entropies) if with_entropy else None
+
+
+def _reduce(model, head, states, targets, temperature, with_entropy):
+    """(r, C, H) hidden states or (r, C, V) logits -> (r, C) fp32 log-probs of `targets` (and
+    entropies), as the plain pass computes them."""
+    if head is not None:
+        config = getattr(getattr(model, "module", model), "config", None)
+        softcap = getattr(config, "final_logit_softcapping", None)
+        return tiled_head_logprobs(states, head.weight, head.bias, targets, temperature, softcap, with_entropy)
+    logits = states / temperature if temperature != 1.0 else states
+    return selective_log_softmax(logits, targets), entropy_from_logits(logits) if with_entropy else None
