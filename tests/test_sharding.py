@@ -72,8 +72,10 @@ def test_fsdp2_training_through_accelerate_matches_ddp_and_resumes(tmp_path):
     assert all(r["policy"] == "fsdp2" and r["reference"] == "fsdp2" for r in fsdp2)  # no full copy per process
     sharded, replicated = (load_file(str(tmp_path / mode / "model.safetensors")) for mode in ("fsdp2", "ddp"))
     assert sharded.keys() == replicated.keys()  # full weights, the tied head written once
+    # Adam at lr 1e-2 moves weights ~1e-2 a step; the reference pass (each prompt once, then its completions
+    # on the cache) rounds differently from the training pass at the 1e-7 level, which two steps carry to ~2e-6.
     for name, tensor in replicated.items():
-        torch.testing.assert_close(sharded[name], tensor, rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(sharded[name], tensor, rtol=0, atol=1e-5, msg=name)
     logs = {mode: [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
             for mode in ("fsdp2", "ddp")}
     for key in ("reward", "eval/reward"):  # the eval: 3 and 2 prompts on the two processes, generating as often

@@ -34,7 +34,7 @@ def _tile_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     if softcap is not None:
         tanh = torch.tanh(logits / softcap)
         logits = softcap * tanh
-    return logits / temperature, tanh
+    return (logits if temperature == 1.0 else logits / temperature), tanh  # no (n, V) copy at the usual 1.0
 
 
 class TiledHeadLogprobs(torch.autograd.Function):
@@ -82,7 +82,7 @@ class TiledHeadLogprobs(torch.autograd.Function):
                 grad_z.scatter_add_(-1, targets[tile].unsqueeze(-1), grad_logps[tile].unsqueeze(-1).float())
             if grad_entropy is not None:
                 grad_z -= p * (logp + entropy[tile].unsqueeze(-1)) * grad_entropy[tile].unsqueeze(-1)
-            grad_logits = grad_z / temperature  # (n, V) d/d(h W^T + b)
+            grad_logits = grad_z if temperature == 1.0 else grad_z / temperature  # (n, V) d/d(h W^T + b)
             if tanh is not None:
                 grad_logits *= 1 - tanh * tanh
             if need_hidden:
