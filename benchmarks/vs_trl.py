@@ -1,6 +1,6 @@
 """rloo against TRL's RLOOTrainer on identical work, side by side, one process per run.
 
-    python benchmarks/vs_trl.py                                  # full run, beta 0 and 0.05 (about 50 min on 2 quiet cores)
+    python benchmarks/vs_trl.py                                  # full run at beta 0 and 0.05 (the beta-0 half: about 25 min on 2 quiet cores)
     python benchmarks/vs_trl.py --scenario short-k4 --repeats 1 --episodes 1024 --betas 0   # a quick check
 
 Every run trains the same local model (saved once to --cache-dir) on the same prompts with the same
