@@ -169,6 +169,7 @@ def main() -> None:
     parser.add_argument("--budget-gb", type=float, default=8.0)
     parser.add_argument("--python", default=sys.executable, help="interpreter for the runs (e.g. a venv with trl)")
     parser.add_argument("--cache-dir", type=Path, default=HERE / ".cache")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "memory.json", help="raw results (JSON)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
@@ -189,14 +190,26 @@ def main() -> None:
             results += pair
             for result in pair:
                 print(row(result), flush=True)
+            save(options, results)  # after every pair, so that a run cut short keeps what it measured
             done = {r["system"]: r for r in pair if "rss_growth_mb" in r}
             if len(done) == 2:
                 print(f"| {length} | {beta} | **rloo/TRL** | **{done['rloo']['rss_growth_mb'] / done['trl']['rss_growth_mb']:.2f}x** "
                       f"| {done['rloo']['seconds_per_step'] / done['trl']['seconds_per_step']:.2f}x |", flush=True)
     print()
+    longest = {}
     for system in options.systems:
         fits = [r["length"] for r in results if r["system"] == system and r.get("over_budget") is False]
-        print(f"{system}: longest tested completion within {options.budget_gb} GB: {max(fits) if fits else 'none'}")
+        longest[system] = max(fits) if fits else None
+        print(f"{system}: longest tested completion within {options.budget_gb} GB: {longest[system] or 'none'}")
+    save(options, results, longest)
+
+
+def save(options: argparse.Namespace, results: list[dict], longest: dict | None = None) -> None:
+    """Write the raw results (one record per run) and the settings to --out as JSON."""
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps({"budget_gb": options.budget_gb, "steps": options.steps, "vocab": VOCAB,
+                                       "completions_per_step": PROMPTS_PER_STEP * K, "longest_within_budget": longest,
+                                       "results": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

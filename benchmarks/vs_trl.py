@@ -1,7 +1,7 @@
 """rloo against TRL's RLOOTrainer on identical work, side by side, one process per run.
 
-    python benchmarks/vs_trl.py                                  # full run (about 25 min on 2 quiet cores)
-    python benchmarks/vs_trl.py --scenario short-k4 --repeats 1 --episodes 1024   # a quick check
+    python benchmarks/vs_trl.py                                  # full run at beta 0 and 0.05 (the beta-0 half: about 25 min on 2 quiet cores)
+    python benchmarks/vs_trl.py --scenario short-k4 --repeats 1 --episodes 1024 --betas 0   # a quick check
 
 Every run trains the same local model (saved once to --cache-dir) on the same prompts with the same
 hyper-parameters, in a fresh process with one intra-op thread, alternating TRL and rloo. Each run
@@ -10,6 +10,11 @@ outside the clock), peak RSS, the mean reward of the first and last tenth of the
 greedy accuracy before and after, and useful model FLOP/s (2N per prompt or generated token, 6N per
 trained token) as a fraction of the measured single-thread matmul peak. The summary prints medians
 per system and the ratios rloo/TRL, and writes JSON and a markdown table to --out.
+
+The tokenizer prepends BOS to every prompt (a post-processor, as Llama's, Mistral's and Gemma's
+do; `--no-bos` for the plain toy tokenizer), and the warm start learns from BOS-prefixed prompts.
+Every scenario runs at each of `--betas` (default 0 and the library default 0.05): at beta 0 rloo
+skips the reference pass, which flatters it; at 0.05 both systems pay for the KL.
 
 Scenarios (episodes = completions generated and trained on):
   short-k4, short-k8  two-digit addition, the warm-started 2.2M-parameter toy model, completions <= 8 tokens
@@ -57,6 +62,7 @@ class Scenario:
     beta: float = 0.0
     temperature: float = 1.0
     bf16: bool = False  # bf16 autocast in both trainers (--bf16); fp32 otherwise
+    bos: bool = True  # the tokenizer prepends BOS to prompts, as most real tokenizers do (--no-bos: it does not)
 
 
 SCENARIOS = {
@@ -79,13 +85,13 @@ def prepare_model(scenario: Scenario, cache_dir: Path) -> Path:
     """Save the scenario's starting model and tokenizer once; every run loads this directory."""
     from rloo.toy import build_char_tokenizer, build_tiny_model, warm_started_addition_model
 
-    path = cache_dir / f"model-{scenario.model}"
+    path = cache_dir / f"model-{scenario.model}{'-bos' if scenario.bos else ''}"
     if path.is_dir():
         return path
     if scenario.model == "warm":
-        model, tokenizer = warm_started_addition_model(cache_dir / "warm-start")
+        model, tokenizer = warm_started_addition_model(cache_dir / "warm-start", add_bos=scenario.bos)
     else:
-        tokenizer = build_char_tokenizer()
+        tokenizer = build_char_tokenizer(add_bos=scenario.bos)
         model = build_tiny_model(tokenizer, seed=0, **(WIDE_MODEL if scenario.model == "wide" else {}))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -116,7 +122,7 @@ class CountingReward:
 
     def __call__(self, prompts, completions, completion_ids, answer, **kwargs):
         rewards = self.reward(completions, answer)
-        prompt_tokens = [len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+        prompt_tokens = [len(self.tokenizer(p)["input_ids"]) for p in prompts]  # as both trainers tokenize them (BOS too)
         self.calls.append({
             "reward": sum(rewards) / len(rewards),
             "completion_tokens": sum(len(ids) for ids in completion_ids),  # up to and including EOS
@@ -225,6 +231,7 @@ def run_one(system: str, scenario: Scenario, model_dir: str, seed: int) -> dict:
     return {
         "system": system,
         "scenario": scenario.name,
+        "beta": scenario.beta,
         "seed": seed,
         "seconds": seconds,
         "episodes": episodes,
@@ -313,6 +320,9 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every scenario's default episode count")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast in both trainers (default fp32)")
+    parser.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.05],
+                        help="run every scenario at each of these KL coefficients (0.05 is rloo's default)")
+    parser.add_argument("--no-bos", action="store_true", help="the plain toy tokenizer, which adds no BOS")
     parser.add_argument("--cache-dir", type=Path, default=HERE / ".cache")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -328,7 +338,12 @@ def main() -> None:
         wanted = options.episodes or s.episodes * options.scale
         return max(1, round(wanted / s.completions_per_step)) * s.completions_per_step
 
-    scenarios = [Scenario(**{**asdict(s), "episodes": episodes(s), "bf16": options.bf16}) for s in scenarios]
+    def named(s: Scenario, beta: float) -> str:  # "short-k4" at beta 0, "short-k4-b0.05" otherwise
+        return s.name if beta == 0 else f"{s.name}-b{beta:g}"
+
+    scenarios = [Scenario(**{**asdict(s), "name": named(s, beta), "beta": beta, "episodes": episodes(s),
+                             "bf16": options.bf16, "bos": not options.no_bos})
+                 for s in scenarios for beta in options.betas]
     peaks = {"fp32": matmul_peak_gflops(torch.float32), "bf16": matmul_peak_gflops(torch.bfloat16)}
     print(f"matmul peak with {THREADS} thread: fp32 {peaks['fp32']:.1f} GFLOP/s, bf16 {peaks['bf16']:.1f} GFLOP/s", flush=True)
     runs = []
@@ -346,12 +361,14 @@ def main() -> None:
     summary = summarise(runs, peaks)
     header = (f"rloo vs TRL {__import__('trl').__version__}, medians of {options.repeats} alternating repeats, "
               f"{THREADS} intra-op thread each, {'bf16 autocast' if options.bf16 else 'fp32'}, torch {torch.__version__}, "
-              f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}; episodes: "
+              f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}, "
+              f"tokenizer {'without' if options.no_bos else 'adding'} BOS; episodes: "
               + ", ".join(f"{s.name} {s.episodes}" for s in scenarios))
     table = markdown_table(summary, peaks, header)
     print("\n" + table)
     options.out.mkdir(parents=True, exist_ok=True)
-    stem = ("vs_trl" if options.scenario == "all" else f"vs_trl_{options.scenario}") + ("_bf16" if options.bf16 else "")
+    stem = (("vs_trl" if options.scenario == "all" else f"vs_trl_{options.scenario}") + ("_bf16" if options.bf16 else "")
+            + ("_nobos" if options.no_bos else "") + ("" if options.betas == [0.0, 0.05] else "_beta" + "_".join(f"{b:g}" for b in options.betas)))
     (options.out / f"{stem}.json").write_text(json.dumps({"peaks_gflops": peaks, "summary": summary, "runs": runs,
                                                           "scenarios": [asdict(s) for s in scenarios]}, indent=2))
     (options.out / f"{stem}.md").write_text(table + "\n")

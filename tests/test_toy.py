@@ -78,6 +78,15 @@ def test_save_and_reload(tok, tmp_path):
     assert loaded.chat_template == tok.chat_template
 
 
+def test_add_bos_prepends_bos_and_survives_a_reload(tok, tmp_path):
+    adding = toy.build_char_tokenizer(add_bos=True)
+    assert adding("1+2=")["input_ids"] == [tok.bos_token_id] + tok("1+2=")["input_ids"]
+    assert adding("1+2=", add_special_tokens=False)["input_ids"] == tok("1+2=")["input_ids"]
+    assert adding.decode(adding("1+2=")["input_ids"], skip_special_tokens=True) == "1+2="
+    adding.save_pretrained(tmp_path)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path)("1+2=")["input_ids"] == adding("1+2=")["input_ids"]
+
+
 def test_chat_template(tok):
     messages = [{"role": "system", "content": "add"}, {"role": "user", "content": "12+34="}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -309,7 +318,7 @@ def test_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     broken.save_pretrained = fail
-    monkeypatch.setattr(warm_start, "build_char_tokenizer", lambda: broken)
+    monkeypatch.setattr(warm_start, "build_char_tokenizer", lambda **kwargs: broken)
     with pytest.raises(KeyboardInterrupt):
         toy.warm_started_addition_model(tmp_path, **SMALL)
     assert list(tmp_path.iterdir()) == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import transformers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
@@ -24,14 +24,19 @@ CHAT_TEMPLATE = (
 MODEL_MAX_LENGTH = 1024
 
 
-def build_char_tokenizer() -> transformers.PreTrainedTokenizerFast:
+def build_char_tokenizer(*, add_bos: bool = False) -> transformers.PreTrainedTokenizerFast:
     """A character-level fast tokenizer: every character of `CHARACTERS` is one token.
 
     Special tokens: "<pad>" (id 0), "<eos>" (1), "<bos>" (2), "<unk>" (3), "<think>" (4) and
     "</think>" (5). All of them are matched as single tokens when they appear in text, and all
     of them (the think tags included) are dropped by `decode(..., skip_special_tokens=True)`.
-    Encoding adds no BOS or EOS: a prompt is encoded exactly as written. Padding is on the left,
-    as generation needs. Characters outside the vocabulary encode as "<unk>".
+    By default encoding adds no BOS or EOS: a prompt is encoded exactly as written. Padding is on
+    the left, as generation needs. Characters outside the vocabulary encode as "<unk>".
+
+    Args:
+        add_bos: give the tokenizer a post-processor that prepends "<bos>" whenever special tokens
+            are added (`add_special_tokens=True`, the default), as Llama, Mistral and Gemma
+            tokenizers do; the chat template then writes no BOS of its own.
 
     Returns:
         A `PreTrainedTokenizerFast` with a "role: content\\n" chat template; it round-trips
@@ -45,6 +50,10 @@ def build_char_tokenizer() -> transformers.PreTrainedTokenizerFast:
     # Fuse concatenates tokens with nothing in between: the default WordLevel decoding would
     # join them with spaces.
     backend.decoder = decoders.Fuse()
+    if add_bos:
+        bos_id = vocab[BOS_TOKEN]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, bos_id)])
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,

@@ -243,6 +243,7 @@ def warm_started_addition_model(
     learning_rate: float = WARM_START_LEARNING_RATE,
     digits: int = 2,
     model_kwargs: dict[str, Any] | None = None,
+    add_bos: bool = False,
     verbose: bool = True,
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """The default tiny Qwen2 warm-started on the train split of `addition_split`, cached on disk.
@@ -266,6 +267,8 @@ def warm_started_addition_model(
         learning_rate: peak AdamW learning rate of the warm start.
         digits: operand digits of the addition task.
         model_kwargs: overrides for `build_tiny_model` (e.g. a smaller model in tests).
+        add_bos: use `build_char_tokenizer(add_bos=True)`, whose encoding prepends BOS as most real
+            tokenizers do; the warm start then learns from BOS-prefixed prompts.
         verbose: say whether the model is trained or loaded from the cache, and while training print
             the loss every 100 steps.
 
@@ -277,6 +280,8 @@ def warm_started_addition_model(
         "num_train": num_train, "num_eval": num_eval, "batch_size": batch_size, "learning_rate": learning_rate,
         "digits": digits, "model_kwargs": dict(model_kwargs or {}),
     }
+    if add_bos:  # only when set, so that the keys of existing caches stay valid
+        settings["add_bos"] = True
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     entry = Path(cache_dir) / f"addition-{key}"
     if entry.is_dir():
@@ -305,7 +310,7 @@ def _warm_start_addition(
     start = time.perf_counter()
     seed, digits = settings["seed"], settings["digits"]
     train, held_out = addition_split(settings["num_train"], settings["num_eval"], seed=seed, digits=digits)
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(add_bos=settings.get("add_bos", False))
     model = build_tiny_model(tokenizer, seed=seed, **settings["model_kwargs"])
     losses = _train_supervised(
         model,

@@ -1,0 +1,28 @@
+"""RSS growth of rloo's FastSampler alone, to tell a leak from allocator retention.
+
+    python benchmarks/sampler_memory_probe.py 1024                               # glibc's default malloc
+    MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/sampler_memory_probe.py 1024  # large blocks always mmapped
+
+2 prompts x K=4 and N new tokens on memory.py's random Qwen2 (vocab 151,936; no EOS can be drawn, so
+every row runs to N). Run `benchmarks/memory.py --lengths 4096` once first: it saves the model.
+"""
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))  # this checkout's rloo
+from rloo.generation import FastSampler
+torch.set_num_threads(1)
+n = int(sys.argv[1])
+m = transformers.AutoModelForCausalLM.from_pretrained(str(HERE / '.cache' / 'qwen2-v151936-h64-l2-p4160'), dtype=torch.float32).eval()
+prompts = [[(7 * i + j) % 5000 + 2 for j in range(16)] for i in range(2)]
+s = FastSampler(pad_token_id=0, eos_token_ids=[10**6], max_new_tokens=n, do_sample=True)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+s.sample(m, prompts, num_generations=4)
+print(n, "tokens: sampler RSS growth MB", round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024), "in", round(time.perf_counter() - start), "s")
