@@ -1,7 +1,10 @@
 """RSS growth of rloo's FastSampler alone, to tell a leak from allocator retention.
 
-    python benchmarks/sampler_memory_probe.py 1024                               # glibc's default malloc
-    MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/sampler_memory_probe.py 1024  # large blocks always mmapped
+    python benchmarks/sampler_memory_probe.py 1024                                # as the trainer runs it
+    RLOO_KEEP_MALLOC_SETTINGS=1 python benchmarks/sampler_memory_probe.py 1024    # glibc's default malloc
+
+The trainer fixes glibc's mmap threshold (rloo/allocator.py); RLOO_KEEP_MALLOC_SETTINGS=1 leaves glibc's
+default, whose dynamic threshold keeps the decode loop's freed (rows, V) buffers on a fragmenting heap.
 
 2 prompts x K=4 and N new tokens on memory.py's random Qwen2 (vocab 151,936; no EOS can be drawn, so
 every row runs to N). Run `benchmarks/memory.py --lengths 4096` once first: it saves the model.
@@ -16,8 +19,10 @@ import transformers
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))  # this checkout's rloo
+from rloo.allocator import return_large_buffers_to_os
 from rloo.generation import FastSampler
 torch.set_num_threads(1)
+print('mmap threshold fixed by rloo:', return_large_buffers_to_os())
 n = int(sys.argv[1])
 m = transformers.AutoModelForCausalLM.from_pretrained(str(HERE / '.cache' / 'qwen2-v151936-h64-l2-p4160'), dtype=torch.float32).eval()
 prompts = [[(7 * i + j) % 5000 + 2 for j in range(16)] for i in range(2)]

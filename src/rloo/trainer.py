@@ -86,6 +86,7 @@ class RLOOTrainer:
         reward_funcs = _check_arguments(reward_funcs, reward_model, train_dataset, sampler)
         self.args = args = args if args is not None else RLOOConfig()
         self.accelerator = acc = setup.build_accelerator(args)
+        return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
         self.tokenizer = setup.load_tokenizer(processing_class, model, trust_remote_code=args.trust_remote_code)
         # An IterableDataset is read once, up to the rows max_steps needs.
