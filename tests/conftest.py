@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import transformers
 from datasets import Dataset
 
 from rloo.toy import build_char_tokenizer, build_tiny_model
@@ -37,6 +38,19 @@ def make_model(tokenizer):
 def digit_dataset():
     """Prompts with an `answer` column; the reward below only looks at the completions."""
     return Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(8) for b in range(8)])
+
+
+def gpt2_model(tokenizer, n_positions: int = 128, attn_implementation: str | None = None):
+    """A tiny GPT-2 (absolute positions) whose position embeddings are large, so that a position off
+    by one changes every log-prob: the check that rotary models cannot give."""
+    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=n_positions,
+                                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                     pad_token_id=tokenizer.pad_token_id, attn_implementation=attn_implementation)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    with torch.no_grad():
+        model.transformer.wpe.weight.normal_(0, 1.0)
+    return model.eval()  # no dropout: the passes compared must see the same network
 
 
 def digit_fraction(completions, **kwargs):

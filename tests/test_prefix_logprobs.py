@@ -12,26 +12,14 @@ from rloo.algo import prefix_logprobs
 from rloo.algo.logprobs import completion_logprobs
 from rloo.algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
 
-from conftest import digit_fraction
+from conftest import digit_fraction, gpt2_model
 
 N, K, P, C = 3, 4, 7, 5
 
 
-def gpt2_model(tokenizer):
-    """Absolute positions with large position embeddings: a position off by one changes every log-prob."""
-    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64,
-                                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                     pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
-    with torch.no_grad():
-        model.transformer.wpe.weight.normal_(0, 1.0)
-    return model.eval()
-
-
 @pytest.fixture(params=["qwen2", "gpt2"])
 def model(request, make_model, tokenizer):
-    return make_model(seed=3).eval() if request.param == "qwen2" else gpt2_model(tokenizer)
+    return make_model(seed=3).eval() if request.param == "qwen2" else gpt2_model(tokenizer, n_positions=64)
 
 
 def grouped_batch(vocab: int, completion: int = C):

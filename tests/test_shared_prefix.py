@@ -11,16 +11,7 @@ from rloo.algo.logprobs import completion_logprobs
 from rloo.algo import prefix_logprobs
 from rloo.algo.prefix_logprobs import shared_prompt_logprobs
 
-
-def gpt2_model(tokenizer, implementation):
-    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64,
-                                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                     pad_token_id=tokenizer.pad_token_id, attn_implementation=implementation)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
-    with torch.no_grad():
-        model.transformer.wpe.weight.normal_(0, 1.0)  # a wrong position changes every log-prob
-    return model.eval()  # no dropout: both passes must see the same network
+from conftest import gpt2_model
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -30,7 +21,7 @@ def test_same_logprobs_entropies_and_gradients_as_whole_rows(make_model, tokeniz
         model = make_model(seed=3)
         model.set_attn_implementation(implementation)
     else:
-        model = gpt2_model(tokenizer, implementation)
+        model = gpt2_model(tokenizer, n_positions=64, attn_implementation=implementation)
     gen = torch.Generator().manual_seed(0)
     n, k, p, c, vocab = 3, 4, 7, 5, model.config.vocab_size
     prompt_mask = (torch.arange(p)[None] >= p - torch.tensor([7, 3, 5])[:, None]).long()  # (n, P) left padding

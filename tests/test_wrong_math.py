@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-import transformers
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer
@@ -15,7 +14,7 @@ from rloo.generation import FastSampler, GenerateSampler
 from rloo.generation.base import left_pad
 from rloo.setup import run_length
 
-from conftest import digit_fraction
+from conftest import digit_fraction, gpt2_model
 
 ROWS = [{"prompt": "1+1="}, {"prompt": "12+34+5="}]  # different lengths: the short one is left-padded
 
@@ -49,18 +48,6 @@ def real_rows(rollout):
         prompt = rollout.prompt_ids[b][rollout.prompt_mask[b].bool()].tolist()
         completion = rollout.completion_ids[b][rollout.completion_mask[b].bool()].tolist()
         yield b, prompt, completion
-
-
-def gpt2_model(tokenizer):
-    """A GPT-2-style model (absolute positions) whose positions matter a lot: wrong ones change its output."""
-    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=128,
-                                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                     pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
-    with torch.no_grad():
-        model.transformer.wpe.weight.normal_(0, 1.0)
-    return model.eval()
 
 
 @pytest.mark.parametrize("architecture", ["gpt2", "qwen2"])

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from . import checkpoint, evaluation, setup, sharding, trainer_api
+from .allocator import return_large_buffers_to_os
 from .config import ConfigError, RLOOConfig
 from .run_control import StopSignals, prepare_output_dir, truncate_history
 from .data.prompts import check_prompt_dataset, check_prompt_lengths
