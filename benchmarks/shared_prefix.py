@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,12 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this 
 from rloo.algo.logprobs import completion_logprobs  # noqa: E402
 from rloo.algo.prefix_logprobs import shared_prompt_logprobs  # noqa: E402
 
-MODELS = {
-    "body": dict(vocab_size=1_000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, intermediate_size=1024),
-    "vocab": dict(vocab_size=151_936, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=256),
-}
+from prefix_logprobs import MODELS, clock  # noqa: E402  (the sibling benchmark: same models, same clock)
+
 SHAPES = [(512, 64), (512, 256), (64, 256), (1024, 32)]  # (prompt, completion)
 K = 8
 
@@ -48,12 +43,6 @@ def plain_step(model, prompt_ids, prompt_mask, completion_ids):
 def shared_step(model, prompt_ids, prompt_mask, completion_ids):
     logps, _ = shared_prompt_logprobs(model, prompt_ids, prompt_mask, completion_ids, torch.ones_like(completion_ids))
     logps.sum().backward()
-
-
-def clock(device: str) -> float:
-    """This process's CPU seconds on CPU (one intra-op thread: the wall time of an idle machine, but
-    not inflated by other processes on a shared one); wall seconds on a GPU."""
-    return time.process_time() if device == "cpu" else time.perf_counter()
 
 
 def timed(steps, model, inputs, repeats: int, device: str) -> tuple[list[float], list[dict]]:

@@ -118,8 +118,8 @@ def reachable_head(model: torch.nn.Module) -> torch.nn.Linear | None:
 
     Works through accelerate/DDP (`.module`) and PEFT wrappers, whose attribute lookups reach the
     base model. A head that is not exactly `nn.Linear` (LoRA or modules_to_save on lm_head, a
-    quantised head), a head partitioned by DeepSpeed ZeRO-3, or a logit scale applied after the head (Cohere's logit_scale, Granite's
-    logits_scaling) sends the model down the plain path.
+    quantised head), a head partitioned by DeepSpeed ZeRO-3, or a logit scale applied after the
+    head (Cohere's logit_scale, Granite's logits_scaling) sends the model down the plain path.
     """
     inner = getattr(model, "module", model)
     get_head = getattr(inner, "get_output_embeddings", None)
@@ -136,27 +136,48 @@ def reachable_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     return head
 
 
-def _tiled_completion_logprobs(model, head, input_ids, attention_mask, completion_length, temperature,
-                               with_entropy, entropy_grad):
-    """completion_logprobs through `algo.lm_head`: the model runs up to its head, which computes nothing."""
+def run_to_head(model: torch.nn.Module, head: torch.nn.Linear | None, **inputs) -> torch.Tensor:
+    """The model's final hidden states (b, n, H) when `head` is given, its logits (b, n, V) otherwise.
+
+    With a head, a hook hands it an empty (b, 0, H) input, so the model builds no logits."""
+    if head is None:
+        return model(**inputs).logits
     caught = {}
 
-    def catch_hidden(module, args):  # (B, C + 1, H) -> an empty (B, 0, H): the head builds no logits
+    def catch_hidden(module, args):
         caught["hidden"] = args[0]
         return (args[0][..., :0, :],) + tuple(args[1:])
 
     handle = head.register_forward_pre_hook(catch_hidden)
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
-              logits_to_keep=completion_length + 1, use_cache=False)
+        model(**inputs)
     finally:
         handle.remove()
+    return caught["hidden"]
+
+
+def logprobs_from_states(model: torch.nn.Module, head: torch.nn.Linear | None, states: torch.Tensor,
+                         targets: torch.Tensor, temperature: float, with_entropy: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(b, C, H) hidden states through the tiled head, or (b, C, V) logits when `head` is None ->
+    (b, C) fp32 log-probs of `targets`, and entropies when `with_entropy`."""
+    if head is not None:
+        config = getattr(getattr(model, "module", model), "config", None)
+        softcap = getattr(config, "final_logit_softcapping", None)
+        return tiled_head_logprobs(states, head.weight, head.bias, targets, temperature, softcap, with_entropy)
+    logits = states / temperature if temperature != 1.0 else states
+    return selective_log_softmax(logits, targets), entropy_from_logits(logits) if with_entropy else None
+
+
+def _tiled_completion_logprobs(model, head, input_ids, attention_mask, completion_length, temperature,
+                               with_entropy, entropy_grad):
+    """completion_logprobs through `algo.lm_head`: the model runs up to its head, which computes nothing."""
+    hidden = run_to_head(model, head, input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids_from_mask(attention_mask),
+                         logits_to_keep=completion_length + 1, use_cache=False)  # (B, C + 1, H)
     # Position t predicts token t + 1: the last kept position predicts nothing in the completion.
-    hidden = caught["hidden"][:, -(completion_length + 1) : -1, :]  # (B, C, H)
-    config = getattr(getattr(model, "module", model), "config", None)
-    softcap = getattr(config, "final_logit_softcapping", None)
-    logps, entropy = tiled_head_logprobs(hidden, head.weight, head.bias, input_ids[:, -completion_length:],
-                                         temperature, softcap, with_entropy)
+    logps, entropy = logprobs_from_states(model, head, hidden[:, -(completion_length + 1) : -1, :],
+                                          input_ids[:, -completion_length:], temperature, with_entropy)
     if entropy is not None and not entropy_grad:
         entropy = entropy.detach()
     return logps, entropy

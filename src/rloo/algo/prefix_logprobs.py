@@ -25,8 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .lm_head import tiled_head_logprobs
-from .logprobs import entropy_from_logits, position_ids_from_mask, reachable_head, selective_log_softmax
+from .logprobs import logprobs_from_states, position_ids_from_mask, reachable_head, run_to_head
 
 
 def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int) -> bool:
@@ -59,24 +58,6 @@ def check_shared_prompt_model(model: torch.nn.Module) -> None:
     if getattr(getattr(model, "module", model), "is_gradient_checkpointing", False):
         raise ValueError("shared_prefix_forward needs the KV cache, which transformers turns off under gradient "
                          "checkpointing; disable gradient checkpointing on the model or turn shared_prefix_forward off.")
-
-
-def _run(model: torch.nn.Module, head: torch.nn.Linear | None, **inputs) -> torch.Tensor:
-    """The model's final hidden states (head reachable; the head itself computes nothing) or logits."""
-    if head is None:
-        return model(**inputs).logits
-    caught = {}
-
-    def catch_hidden(module, args):  # (b, n, H) -> an empty (b, 0, H): no logits are built
-        caught["hidden"] = args[0]
-        return (args[0][..., :0, :],) + tuple(args[1:])
-
-    handle = head.register_forward_pre_hook(catch_hidden)
-    try:
-        model(**inputs)
-    finally:
-        handle.remove()
-    return caught["hidden"]
 
 
 @torch.no_grad()
@@ -167,9 +148,9 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
     unique_ids, unique_mask = prompt_ids[first_rows], prompt_mask[first_rows]  # (n, P)
     cache = DynamicCache(config=config)
     # Step 1: the n distinct prompts once; the last position predicts the first completion token.
-    first = _run(model, head, input_ids=unique_ids, attention_mask=unique_mask,
-                 position_ids=position_ids_from_mask(unique_mask), past_key_values=cache, use_cache=True,
-                 logits_to_keep=1)[:, -1]  # (n, H) or (n, V)
+    first = run_to_head(model, head, input_ids=unique_ids, attention_mask=unique_mask,
+                        position_ids=position_ids_from_mask(unique_mask), past_key_values=cache, use_cache=True,
+                        logits_to_keep=1)[:, -1]  # (n, H) or (n, V)
     prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer (n, heads, P, D) each
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (b, P + C)
     # The positions the plain pass gives the completion tokens (left padding skipped).
@@ -185,22 +166,13 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
             # last (which predicts nothing) on it.
             block_cache = DynamicCache(ddp_cache_data=[(keys[owner[rows]], values[owner[rows]])
                                                        for keys, values in prompt_kv])
-            later = _run(model, head, input_ids=completion_ids[rows, :-1], attention_mask=attention_mask[rows, :-1],
-                         position_ids=positions[rows, :-1], past_key_values=block_cache, use_cache=True,
-                         logits_to_keep=0)  # (r, C - 1, H) or (r, C - 1, V)
+            later = run_to_head(model, head, input_ids=completion_ids[rows, :-1],
+                                attention_mask=attention_mask[rows, :-1], position_ids=positions[rows, :-1],
+                                past_key_values=block_cache, use_cache=True,
+                                logits_to_keep=0)  # (r, C - 1, H) or (r, C - 1, V)
             states = torch.cat([states, later], dim=1)  # (r, C, H) or (r, C, V)
-        block_logps, block_entropy = _reduce(model, head, states, completion_ids[rows], temperature, with_entropy)
+        block_logps, block_entropy = logprobs_from_states(model, head, states, completion_ids[rows],
+                                                          temperature, with_entropy)
         logps.append(block_logps)
         entropies.append(block_entropy)
     return torch.cat(logps), torch.cat(entropies) if with_entropy else None
-
-
-def _reduce(model, head, states, targets, temperature, with_entropy):
-    """(r, C, H) hidden states or (r, C, V) logits -> (r, C) fp32 log-probs of `targets` (and
-    entropies), as the plain pass computes them."""
-    if head is not None:
-        config = getattr(getattr(model, "module", model), "config", None)
-        softcap = getattr(config, "final_logit_softcapping", None)
-        return tiled_head_logprobs(states, head.weight, head.bias, targets, temperature, softcap, with_entropy)
-    logits = states / temperature if temperature != 1.0 else states
-    return selective_log_softmax(logits, targets), entropy_from_logits(logits) if with_entropy else None
