@@ -78,6 +78,11 @@ def completion_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens of prompt+completion rows.
 
+    The rows run without an attention mask: each row's left padding is moved behind its completion
+    (`padding_to_the_end`), where causal attention keeps every real token from seeing it. With any
+    padding in the mask, transformers would build a (B, 1, T, T) mask that SDPA turns into fp32 and
+    keeps for backward in every layer: 4 GB at 8 rows of 8,192 tokens in a 2-layer model.
+
     Args:
         model: a causal LM taking input_ids, attention_mask, position_ids and logits_to_keep.
         input_ids: (B, P + C) left-padded prompts followed by right-padded completions.
@@ -88,29 +93,63 @@ def completion_logprobs(
         entropy_grad: let the entropies carry grad (for entropy_coef > 0); otherwise they are detached.
 
     Returns:
-        (B, C) fp32 log-probs of the completion tokens, and (B, C) entropies or None.
+        (B, C) fp32 log-probs of the completion tokens, and (B, C) entropies or None. Values at
+        padded completion positions are meaningless (callers mask them).
     """
     head = reachable_head(model)
-    if head is not None:
-        return _tiled_completion_logprobs(model, head, input_ids, attention_mask, completion_length, temperature,
+    rows, length = input_ids.shape
+    moved = padding_to_the_end(input_ids, attention_mask, completion_length)
+    if moved is None:  # padding inside a prompt: run the rows as given, with their mask
+        ids, mask, positions, lead = input_ids, attention_mask, position_ids_from_mask(attention_mask), None
+    else:
+        ids, lead = moved
+        mask = torch.ones_like(attention_mask)
+        positions = torch.arange(length, device=ids.device).expand(rows, length)
+    max_lead = 0 if lead is None else int(lead.max())
+    # The last C + 1 positions hold every completion when nothing moved; moving a row's lead of
+    # padding back shifts its completion up to max_lead positions earlier.
+    keep = completion_length + 1 + max_lead
+    states = run_to_head(model, head, input_ids=ids, attention_mask=mask, position_ids=positions,
+                         logits_to_keep=keep, use_cache=False)  # (B, keep, H) or (B, keep, V)
+    if max_lead == 0:
+        # Position t predicts token t + 1: the last kept position predicts nothing in the completion.
+        states = states[:, :-1]  # (B, C, H|V)
+    else:
+        # Row b's completion starts lead_b positions earlier; the state predicting its first token sits
+        # at kept index max_lead - lead_b.
+        index = (max_lead - lead)[:, None] + torch.arange(completion_length, device=ids.device)  # (B, C)
+        states = states.gather(1, index[..., None].expand(-1, -1, states.shape[-1]))
+    logps, entropy = logprobs_from_states(model, head, states, input_ids[:, -completion_length:], temperature,
                                           with_entropy, entropy_grad)
-    outputs = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        logits_to_keep=completion_length + 1,
-        use_cache=False,
-    )
-    # Position t predicts token t + 1: the last kept logit predicts nothing in the completion.
-    logits = outputs.logits[:, -(completion_length + 1) : -1, :]  # (B, C, V)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logps = selective_log_softmax(logits, input_ids[:, -completion_length:])  # (B, C)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
-            entropy = entropy_from_logits(logits)
     return logps, entropy
+
+
+def padding_to_the_end(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int
+                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows with their left padding moved behind the completion, so that they need no mask.
+
+    A row [pad pad | p1 p2 | c1 c2 pad] becomes [p1 p2 | c1 c2 pad | pad pad]: every real token keeps
+    the same predecessors and (counting from 0) the same position, and causal attention never lets
+    it see the padding behind it. Right padding of the completion needs no move at all.
+
+    Args:
+        input_ids: (B, P + C) left-padded prompts followed by right-padded completions.
+        attention_mask: (B, P + C) 1 for real tokens.
+        completion_length: C.
+
+    Returns:
+        (B, P + C) moved ids and the (B,) number of left padding positions per row; None when a
+        prompt has padding that is not all at its left (then the rows must run with their mask).
+    """
+    prompt_mask = attention_mask[:, : input_ids.shape[1] - completion_length]  # (B, P)
+    lead = (prompt_mask.cumsum(dim=1) == 0).sum(dim=1)  # (B,) leading zeros
+    if not bool((prompt_mask.sum(dim=1) + lead == prompt_mask.shape[1]).all()):
+        return None
+    if not bool(lead.any()):
+        return input_ids, lead
+    length = input_ids.shape[1]
+    index = (torch.arange(length, device=input_ids.device) + lead[:, None]) % length  # (B, T)
+    return input_ids.gather(1, index), lead
 
 
 def reachable_head(model: torch.nn.Module) -> torch.nn.Linear | None:
@@ -157,27 +196,19 @@ def run_to_head(model: torch.nn.Module, head: torch.nn.Linear | None, **inputs) 
 
 
 def logprobs_from_states(model: torch.nn.Module, head: torch.nn.Linear | None, states: torch.Tensor,
-                         targets: torch.Tensor, temperature: float, with_entropy: bool
+                         targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(b, C, H) hidden states through the tiled head, or (b, C, V) logits when `head` is None ->
-    (b, C) fp32 log-probs of `targets`, and entropies when `with_entropy`."""
+    (b, C) fp32 log-probs of `targets`, and entropies when `with_entropy` (detached unless `entropy_grad`)."""
     if head is not None:
         config = getattr(getattr(model, "module", model), "config", None)
         softcap = getattr(config, "final_logit_softcapping", None)
-        return tiled_head_logprobs(states, head.weight, head.bias, targets, temperature, softcap, with_entropy)
+        logps, entropy = tiled_head_logprobs(states, head.weight, head.bias, targets, temperature, softcap,
+                                             with_entropy)
+        return logps, entropy if entropy is None or entropy_grad else entropy.detach()
     logits = states / temperature if temperature != 1.0 else states
-    return selective_log_softmax(logits, targets), entropy_from_logits(logits) if with_entropy else None
-
-
-def _tiled_completion_logprobs(model, head, input_ids, attention_mask, completion_length, temperature,
-                               with_entropy, entropy_grad):
-    """completion_logprobs through `algo.lm_head`: the model runs up to its head, which computes nothing."""
-    hidden = run_to_head(model, head, input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids_from_mask(attention_mask),
-                         logits_to_keep=completion_length + 1, use_cache=False)  # (B, C + 1, H)
-    # Position t predicts token t + 1: the last kept position predicts nothing in the completion.
-    logps, entropy = logprobs_from_states(model, head, hidden[:, -(completion_length + 1) : -1, :],
-                                          input_ids[:, -completion_length:], temperature, with_entropy)
-    if entropy is not None and not entropy_grad:
-        entropy = entropy.detach()
-    return logps, entropy
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            entropy = entropy_from_logits(logits)
+    return selective_log_softmax(logits, targets), entropy

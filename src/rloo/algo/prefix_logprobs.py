@@ -152,7 +152,9 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
                         position_ids=position_ids_from_mask(unique_mask), past_key_values=cache, use_cache=True,
                         logits_to_keep=1)[:, -1]  # (n, H) or (n, V)
     prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer (n, heads, P, D) each
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (b, P + C)
+    # A completion's right padding stays unmasked: causal attention keeps real tokens from seeing it,
+    # and a mask that is all ones over the completions costs transformers less to build and apply.
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1)  # (b, P + C)
     # The positions the plain pass gives the completion tokens (left padding skipped).
     positions = position_ids_from_mask(attention_mask)[:, prompt_ids.shape[1]:]  # (b, C)
     total = completion_ids.shape[0]
@@ -172,7 +174,7 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
                                 logits_to_keep=0)  # (r, C - 1, H) or (r, C - 1, V)
             states = torch.cat([states, later], dim=1)  # (r, C, H) or (r, C, V)
         block_logps, block_entropy = logprobs_from_states(model, head, states, completion_ids[rows],
-                                                          temperature, with_entropy)
+                                                          temperature, with_entropy, entropy_grad=True)
         logps.append(block_logps)
         entropies.append(block_entropy)
     return torch.cat(logps), torch.cat(entropies) if with_entropy else None

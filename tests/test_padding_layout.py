@@ -1,0 +1,96 @@
+"""The whole-row log-prob pass runs without an attention mask (`algo.logprobs.padding_to_the_end`):
+left padding moves behind the completion, where causal attention hides it. Checked against each row
+run alone without any padding (a slow loop), on a rotary (Qwen2) and an absolute-position (GPT-2)
+model, through the tiled head and the plain path, with gradients."""
+
+import pytest
+import torch
+
+from rloo.algo import logprobs as logprobs_module
+from rloo.algo.logprobs import completion_logprobs, padding_to_the_end
+
+from conftest import gpt2_model
+
+
+def test_padding_moves_behind_the_completion_by_hand():
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8, 0],
+                        [9, 5, 6, 7, 8, 9, 9],
+                        [0, 4, 4, 3, 0, 0, 0]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0],
+                         [1, 1, 1, 1, 1, 1, 1],
+                         [0, 1, 1, 1, 0, 0, 0]])
+    moved, lead = padding_to_the_end(ids, mask, completion_length=3)  # P = 4
+    assert lead.tolist() == [2, 0, 1]
+    assert moved.tolist() == [[5, 6, 7, 8, 0, 0, 0],
+                              [9, 5, 6, 7, 8, 9, 9],
+                              [4, 4, 3, 0, 0, 0, 0]]
+
+
+def test_padding_inside_a_prompt_is_not_moved():
+    ids = torch.tensor([[5, 0, 6, 7, 8]])
+    mask = torch.tensor([[1, 0, 1, 1, 1]])  # a hole in the prompt: only a mask can express it
+    assert padding_to_the_end(ids, mask, completion_length=2) is None
+
+
+def batch(vocab: int):
+    """Left-padded prompts of lengths 5, 2, 4 (P = 5) and right-padded completions of lengths 4, 1, 3 (C = 4)."""
+    gen = torch.Generator().manual_seed(1)
+    prompt_lengths, completion_lengths = torch.tensor([5, 2, 4]), torch.tensor([4, 1, 3])
+    prompt_mask = (torch.arange(5)[None] >= 5 - prompt_lengths[:, None]).long()
+    completion_mask = (torch.arange(4)[None] < completion_lengths[:, None]).long()
+    prompt_ids = torch.randint(3, vocab, (3, 5), generator=gen) * prompt_mask
+    completion_ids = torch.randint(3, vocab, (3, 4), generator=gen) * completion_mask
+    return prompt_ids, prompt_mask, completion_ids, completion_mask
+
+
+def row_alone(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """Log-probs of one unpadded row, positions 0.. as the model numbers them by default, by hand from the logits."""
+    logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float() / temperature
+    predicting = logits[len(prompt) - 1 : -1]  # (c, V): position t predicts token t + 1
+    return torch.log_softmax(predicting, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+@pytest.mark.parametrize("path", ["tiled", "plain"])
+def test_log_probs_and_gradients_match_rows_run_alone(arch, path, make_model, tokenizer, monkeypatch):
+    model = make_model(seed=2).eval() if arch == "qwen2" else gpt2_model(tokenizer, n_positions=32)
+    if path == "plain":
+        monkeypatch.setattr(logprobs_module, "reachable_head", lambda model: None)
+    prompt_ids, prompt_mask, completion_ids, completion_mask = batch(model.config.vocab_size)
+    temperature = 0.8
+
+    model.zero_grad()
+    logps, _ = completion_logprobs(model, torch.cat([prompt_ids, completion_ids], 1),
+                                   torch.cat([prompt_mask, completion_mask], 1), 4, temperature)
+    (logps * completion_mask).sum().backward()
+    got_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    total = 0
+    for row in range(3):
+        prompt = prompt_ids[row][prompt_mask[row].bool()].tolist()
+        completion = completion_ids[row][completion_mask[row].bool()].tolist()
+        want = row_alone(model, prompt, completion, temperature)
+        torch.testing.assert_close(logps[row, : len(completion)], want, atol=2e-6, rtol=1e-5)
+        total = total + want.sum()
+    total.backward()
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got_grads[name], p.grad, atol=2e-6, rtol=1e-4, msg=name)
+
+
+def test_the_model_gets_no_padding_in_its_mask(make_model):
+    """With left-padded prompts and right-padded completions the model sees an all-ones mask, so
+    transformers builds no (B, 1, T, T) mask; a hole inside a prompt keeps the real mask."""
+    model = make_model(seed=2).eval()
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["attention_mask"].clone()),
+                                    with_kwargs=True)
+    prompt_ids, prompt_mask, completion_ids, completion_mask = batch(model.config.vocab_size)
+    ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
+    completion_logprobs(model, ids, mask, 4)
+    assert bool(seen[-1].bool().all())
+    holed = mask.clone()
+    holed[0, 1] = 0  # row 0's prompt is full length: a zero inside it is a hole, not left padding
+    completion_logprobs(model, ids, holed, 4)
+    assert torch.equal(seen[-1], holed)
