@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rloo.algo import logprobs as logprobs_module
-from rloo.algo.logprobs import completion_logprobs, padding_to_the_end
+from rloo.algo.logprobs import completion_logprobs, is_right_padded, padding_to_the_end
 
 from conftest import gpt2_model
 
@@ -16,9 +16,9 @@ def test_padding_moves_behind_the_completion_by_hand():
     ids = torch.tensor([[0, 0, 5, 6, 7, 8, 0],
                         [9, 5, 6, 7, 8, 9, 9],
                         [0, 4, 4, 3, 0, 0, 0]])
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0],
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1],  # completion padding already unmasked, as the caller does
                          [1, 1, 1, 1, 1, 1, 1],
-                         [0, 1, 1, 1, 0, 0, 0]])
+                         [0, 1, 1, 1, 1, 1, 1]])
     moved, lead = padding_to_the_end(ids, mask, completion_length=3)  # P = 4
     assert lead.tolist() == [2, 0, 1]
     assert moved.tolist() == [[5, 6, 7, 8, 0, 0, 0],
@@ -26,10 +26,12 @@ def test_padding_moves_behind_the_completion_by_hand():
                               [4, 4, 3, 0, 0, 0, 0]]
 
 
-def test_padding_inside_a_prompt_is_not_moved():
+def test_holes_are_not_moved():
     ids = torch.tensor([[5, 0, 6, 7, 8]])
-    mask = torch.tensor([[1, 0, 1, 1, 1]])  # a hole in the prompt: only a mask can express it
-    assert padding_to_the_end(ids, mask, completion_length=2) is None
+    assert padding_to_the_end(ids, torch.tensor([[1, 0, 1, 1, 1]]), completion_length=2) is None  # in a prompt
+    assert padding_to_the_end(ids, torch.tensor([[0, 1, 1, 0, 1]]), completion_length=2) is None  # in a completion
+    assert is_right_padded(torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]]))
+    assert not is_right_padded(torch.tensor([[1, 0, 1]]))
 
 
 def batch(vocab: int):
@@ -79,18 +81,29 @@ def test_log_probs_and_gradients_match_rows_run_alone(arch, path, make_model, to
             torch.testing.assert_close(got_grads[name], p.grad, atol=2e-6, rtol=1e-4, msg=name)
 
 
-def test_the_model_gets_no_padding_in_its_mask(make_model):
-    """With left-padded prompts and right-padded completions the model sees an all-ones mask, so
-    transformers builds no (B, 1, T, T) mask; a hole inside a prompt keeps the real mask."""
+@pytest.mark.parametrize("path", ["tiled", "plain"])
+def test_the_masks_the_model_gets(path, make_model, monkeypatch):
+    """Tiled path: left-padded prompts and right-padded completions reach the model as an all-ones
+    mask, so transformers builds no (B, 1, T, T) mask. Plain path: only the completions' right
+    padding is unmasked. Holes (inside a prompt or a completion) keep their zeros."""
     model = make_model(seed=2).eval()
+    if path == "plain":
+        monkeypatch.setattr(logprobs_module, "reachable_head", lambda model: None)
     seen = []
     model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["attention_mask"].clone()),
                                     with_kwargs=True)
     prompt_ids, prompt_mask, completion_ids, completion_mask = batch(model.config.vocab_size)
-    ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
-    completion_logprobs(model, ids, mask, 4)
-    assert bool(seen[-1].bool().all())
-    holed = mask.clone()
-    holed[0, 1] = 0  # row 0's prompt is full length: a zero inside it is a hole, not left padding
-    completion_logprobs(model, ids, holed, 4)
-    assert torch.equal(seen[-1], holed)
+    ids = torch.cat([prompt_ids, completion_ids], 1)
+    completion_logprobs(model, ids, torch.cat([prompt_mask, completion_mask], 1), 4)
+    unmasked_completions = torch.cat([prompt_mask, torch.ones_like(completion_mask)], 1)
+    assert torch.equal(seen[-1], torch.ones_like(ids) if path == "tiled" else unmasked_completions)
+
+    prompt_hole = unmasked_completions.clone()
+    prompt_hole[0, 1] = 0  # row 0's prompt is full length: a zero inside it is a hole, not left padding
+    completion_logprobs(model, ids, torch.cat([prompt_hole[:, :5], completion_mask], 1), 4)
+    assert torch.equal(seen[-1], prompt_hole)
+
+    completion_hole = torch.cat([prompt_mask, completion_mask], 1)
+    completion_hole[0, 6] = 0  # row 0's completion has 4 tokens: a zero at its second is a hole
+    completion_logprobs(model, ids, completion_hole, 4)
+    assert torch.equal(seen[-1], completion_hole)

@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .logprobs import logprobs_from_states, position_ids_from_mask, reachable_head, run_to_head
+from .logprobs import is_right_padded, logprobs_from_states, position_ids_from_mask, reachable_head, run_to_head
 
 
 def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int) -> bool:
@@ -152,9 +152,11 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
                         position_ids=position_ids_from_mask(unique_mask), past_key_values=cache, use_cache=True,
                         logits_to_keep=1)[:, -1]  # (n, H) or (n, V)
     prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer (n, heads, P, D) each
-    # A completion's right padding stays unmasked: causal attention keeps real tokens from seeing it,
-    # and a mask that is all ones over the completions costs transformers less to build and apply.
-    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1)  # (b, P + C)
+    # A completion's right padding stays unmasked (causal attention keeps real tokens from seeing it):
+    # with prompts of one length the mask is then all ones, which transformers applies more cheaply.
+    if is_right_padded(completion_mask):
+        completion_mask = torch.ones_like(completion_mask)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (b, P + C)
     # The positions the plain pass gives the completion tokens (left padding skipped).
     positions = position_ids_from_mask(attention_mask)[:, prompt_ids.shape[1]:]  # (b, C)
     total = completion_ids.shape[0]
