@@ -1,6 +1,7 @@
-"""The whole-row log-prob pass runs without an attention mask (`algo.logprobs.padding_to_the_end`):
-left padding moves behind the completion, where causal attention hides it. Checked against each row
-run alone without any padding (a slow loop), on a rotary (Qwen2) and an absolute-position (GPT-2)
+"""The whole-row log-prob pass avoids padding in the attention mask: completions' right padding is
+left unmasked, and on the tiled-head path left padding moves behind the completion
+(`algo.logprobs.padding_to_the_end`), where causal attention hides it. Checked against each row run
+alone without any padding (a slow loop), on a rotary (Qwen2) and an absolute-position (GPT-2)
 model, through the tiled head and the plain path, with gradients."""
 
 import pytest
