@@ -149,6 +149,31 @@ def length_penalty(target_length: int, scale: float | None = None) -> Callable[.
     return length_penalty_reward
 
 
+def overlong_penalty(max_completion_length: int, overlong_buffer: int) -> Callable[..., list[float]]:
+    """DAPO's soft overlong punishment: 0 up to max_completion_length - overlong_buffer tokens, then
+    falling linearly to -1 at max_completion_length (and -1 beyond).
+
+    With L the completion's length in tokens (`completion_ids`, the EOS included when sampled) and
+    free = max_completion_length - overlong_buffer, the reward is min(0, (free - L) / overlong_buffer)
+    clipped at -1. Add it beside a correctness reward; `mask_truncated_completions` is the other
+    way to handle completions that hit the limit (they leave the loss instead).
+
+    Example:
+        >>> overlong_penalty(max_completion_length=10, overlong_buffer=4)(completion_ids=[[0] * 6, [0] * 8, [0] * 10])
+        [0.0, -0.5, -1.0]
+    """
+    if not isinstance(overlong_buffer, int) or not isinstance(max_completion_length, int) or not (
+            0 < overlong_buffer < max_completion_length):
+        raise ValueError(f"overlong_penalty needs integers 0 < overlong_buffer < max_completion_length, got "
+                         f"overlong_buffer={overlong_buffer!r}, max_completion_length={max_completion_length!r}.")
+    free = max_completion_length - overlong_buffer
+
+    def overlong_penalty_reward(completion_ids: list, **kwargs) -> list[float]:
+        return [max(-1.0, min(0.0, (free - len(ids)) / overlong_buffer)) for ids in completion_ids]
+
+    return overlong_penalty_reward
+
+
 _CODE_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -206,5 +231,6 @@ BUILTIN_REWARDS: dict[str, Callable] = {
 # Built-ins configured with arguments; a `tokenizer` argument receives the policy's tokenizer.
 BUILTIN_REWARD_FACTORIES: dict[str, Callable[..., Callable]] = {
     "length_penalty": length_penalty,
+    "overlong_penalty": overlong_penalty,
     "thinking_answer_reward": thinking_answer_reward,
 }
