@@ -14,6 +14,7 @@ import re
 from typing import Any, Callable
 
 from ..data.prompts import render_prompt
+from .gsm8k import gsm8k_accuracy, gsm8k_format, gsm8k_thinking_accuracy
 from .sandbox import run_tests
 
 
@@ -226,6 +227,8 @@ BUILTIN_REWARDS: dict[str, Callable] = {
     "math_accuracy": math_accuracy,
     "think_format": think_format,
     "code_execution": code_execution,
+    "gsm8k_accuracy": gsm8k_accuracy,
+    "gsm8k_format": gsm8k_format,
 }
 
 # Built-ins configured with arguments; a `tokenizer` argument receives the policy's tokenizer.
@@ -233,4 +236,5 @@ BUILTIN_REWARD_FACTORIES: dict[str, Callable[..., Callable]] = {
     "length_penalty": length_penalty,
     "overlong_penalty": overlong_penalty,
     "thinking_answer_reward": thinking_answer_reward,
+    "gsm8k_thinking_accuracy": gsm8k_thinking_accuracy,
 }
