@@ -102,7 +102,14 @@ def gsm8k_thinking_accuracy(tokenizer: Any, think_end_token: str = "</think>",
     """gsm8k_accuracy for thinking models, reading the answer after the last `</think>` token id (looked up
     in `tokenizer`: 151668 for Qwen3) in `completion_ids`; an unclosed think block scores 0.0. A prompt
     that closes the block itself (Qwen3 with `enable_thinking=False`) makes the whole completion the
-    answer. Built on `thinking_answer_reward`."""
+    answer. Built on `thinking_answer_reward`.
+
+    Example:
+        >>> reward = gsm8k_thinking_accuracy(qwen3_tokenizer)
+        >>> ids = qwen3_tokenizer("<think>7*3=21</think>#### 21", add_special_tokens=False)["input_ids"]
+        >>> reward(completion_ids=[ids], answer=["21"])
+        [1.0]
+    """
     from .builtins import thinking_answer_reward
 
     reward = thinking_answer_reward(tokenizer, think_end_token=think_end_token, score=gsm8k_score,
