@@ -15,6 +15,20 @@ from pathlib import Path
 # The instruction asks for GSM8K's own answer format, which `rloo.rewards.gsm8k` grades.
 INSTRUCTION = "Solve the problem step by step. End with a line '#### <number>' holding only the final answer."
 
+# A worked example (ours) shown as an earlier turn: small models then answer in a few short lines
+# ending "#### n" instead of rambling past the completion budget.
+EXAMPLE = [
+    {"role": "user", "content": "Tom has 3 apples and buys 2 more bags of 4 apples each. How many apples does he have?"},
+    {"role": "assistant", "content": "He buys 2 * 4 = 8 apples.\nHe has 3 + 8 = 11 apples.\n#### 11"},
+]
+
+
+def gsm8k_prompt(question: str, one_shot: bool = False) -> list[dict]:
+    """A conversation asking the question: with the instruction, or after the worked example (one_shot)."""
+    if one_shot:
+        return [*EXAMPLE, {"role": "user", "content": question}]
+    return [{"role": "user", "content": f"{question}\n\n{INSTRUCTION}"}]
+
 
 def gsm8k_folder() -> Path | None:
     """The folder holding GSM8K's train.jsonl and test.jsonl, or None where none is found."""
@@ -28,8 +42,8 @@ def gsm8k_folder() -> Path | None:
     return None
 
 
-def gsm8k_rows(split: str = "test", limit: int | None = None, conversational: bool = True) -> list[dict]:
-    """GSM8K problems as prompt rows: `prompt` (a user message, or the plain text), `answer` (the full
+def gsm8k_rows(split: str = "test", limit: int | None = None, one_shot: bool = False) -> list[dict]:
+    """GSM8K problems as prompt rows: `prompt` (a conversation, see gsm8k_prompt), `answer` (the full
     GSM8K solution, ending "#### n", which the rewards read) and `question`; the first `limit` rows."""
     folder = gsm8k_folder()
     if folder is None or not (folder / f"{split}.jsonl").is_file():
@@ -41,7 +55,6 @@ def gsm8k_rows(split: str = "test", limit: int | None = None, conversational: bo
             if limit is not None and len(rows) >= limit:
                 break
             problem = json.loads(line)
-            text = f"{problem['question']}\n\n{INSTRUCTION}"
-            prompt = [{"role": "user", "content": text}] if conversational else text
-            rows.append({"prompt": prompt, "answer": problem["answer"], "question": problem["question"]})
+            rows.append({"prompt": gsm8k_prompt(problem["question"], one_shot), "answer": problem["answer"],
+                         "question": problem["question"]})
     return rows

