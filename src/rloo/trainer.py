@@ -33,7 +33,7 @@ from . import checkpoint, evaluation, setup, sharding, trainer_api
 from .allocator import return_large_buffers_to_os
 from .config import ConfigError, RLOOConfig
 from .run_control import StopSignals, prepare_output_dir, truncate_history
-from .data.prompts import check_prompt_dataset, check_prompt_lengths
+from .data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
 from .data.schedule import PromptSchedule, select_rows
 from .generation.base import Sampler
 from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics
@@ -97,6 +97,7 @@ class RLOOTrainer:
         self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
         policy = setup.load_policy(model, peft_config, args, quantization_config)
+        check_vocabulary(self.tokenizer, policy)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
         reference = setup.build_reference(policy, args)
         self.schedule = PromptSchedule(num_rows=len(train_dataset), prompts_per_process=args.prompts_per_rollout,
@@ -356,6 +357,10 @@ def _check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, s
     reward_funcs = reward_funcs if reward_funcs is not None else reward_model
     if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0):
         raise ConfigError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
+    for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
+        if not (callable(func) or isinstance(func, (str, torch.nn.Module))):
+            raise ConfigError(f"reward_funcs holds {func!r} ({type(func).__name__}); each entry must be a function "
+                              f"f(prompts, completions, **columns), a reward model, or a reward model's path.")
     if train_dataset is None:
         raise ConfigError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
     if sampler is not None and not isinstance(sampler, Sampler):

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,6 +21,8 @@ from transformers import TrainerCallback, TrainerControl
 
 from .rewards.trl_names import TrainerStateView
 from transformers.trainer_utils import TrainOutput as _TrainOutput
+
+logger = logging.getLogger(__name__)
 
 
 class TrainOutput(_TrainOutput):
@@ -92,6 +95,11 @@ def take_rows(dataset: Any, name: str, needed: int | None) -> Any:
     if hasattr(dataset, "__len__") and hasattr(dataset, "column_names") and dataset.column_names is not None:
         return dataset
     from datasets import Dataset
+
+    if isinstance(dataset, (list, tuple)) and dataset and all(isinstance(row, dict) for row in dataset):
+        logger.warning("%s is a list of %d rows, not a datasets.Dataset; it is converted with "
+                       "Dataset.from_list (pass a Dataset to silence this).", name, len(dataset))
+        return Dataset.from_list(list(dataset))
 
     if needed is None:
         raise ValueError(f"{name} is an IterableDataset, which has no length: set max_steps in RLOOConfig so that "

@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 
 # Keyword arguments the trainer passes to reward functions; a dataset column may not reuse them.
 RESERVED_REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state")
+# Roles chat templates know; another role is a typo that templates drop or render oddly.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def is_conversational(prompt: Any) -> bool:
@@ -57,6 +59,33 @@ def check_prompt_dataset(dataset: Any, name: str) -> None:
         if not (isinstance(prompt, str) or is_conversational(prompt)):
             raise ConfigError(f"{name} row {index}: 'prompt' must be a string or a list of {{'role', 'content'}} "
                              f"messages, got {type(prompt).__name__}: {str(prompt)[:100]!r}.")
+        _check_prompt_text(prompt, name, index)
+
+
+def _check_prompt_text(prompt: Any, name: str, index: int) -> None:
+    """A prompt has text, and each chat message a known role and string content."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ConfigError(f"{name} row {index}: the prompt is an empty string; the model needs at least one "
+                              f"token to continue. Drop the row or give it text.")
+        return
+    for position, message in enumerate(prompt):
+        if message["role"] not in CHAT_ROLES:
+            raise ConfigError(f"{name} row {index}, message {position}: unknown role {message['role']!r}; a chat "
+                              f"message's role is one of {CHAT_ROLES}.")
+        if not isinstance(message["content"], str):
+            raise ConfigError(f"{name} row {index}, message {position}: 'content' is "
+                              f"{type(message['content']).__name__}, not a string; give every message its text.")
+
+
+def check_vocabulary(tokenizer: Any, model: Any) -> None:
+    """The model has an embedding row for every token id the tokenizer can produce."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows, so "
+                          f"some token ids have no embedding. Use the tokenizer saved with this model, or call "
+                          f"model.resize_token_embeddings(len(tokenizer)) before training.")
 
 
 def tokenize_prompts(prompts: list, tokenizer: Any, max_length: int,
@@ -92,6 +121,10 @@ def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: in
                          chat_template_kwargs: dict[str, Any] | None = None) -> None:
     """Apply `truncate_prompts` up front: warn once with the count ("left") or reject the first long row ("error")."""
     lengths = [len(ids) for ids in _rendered_token_ids(list(dataset["prompt"]), tokenizer, chat_template_kwargs)]
+    empty = [index for index, length in enumerate(lengths) if length == 0]
+    if empty:
+        raise ConfigError(f"{name} row {empty[0]} renders to no tokens ({len(empty)} such rows); the model needs at "
+                          f"least one prompt token. Drop those rows or give them text.")
     too_long = [index for index, length in enumerate(lengths) if length > max_length]
     if not too_long:
         return
