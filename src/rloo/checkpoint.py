@@ -42,6 +42,10 @@ TEMPORARY_NAME = re.compile(r"^\.checkpoint-(\d+)\.tmp$")
 # silently replaced by the saved one, so resuming with a change is refused instead.
 OPTIMIZER_FIELDS = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
                     "lr_scheduler_type", "warmup_ratio", "warmup_steps", "optim")
+# What the run computes: a different value on resume would change the algorithm mid-run.
+ALGORITHM_FIELDS = ("num_generations", "advantage_estimator")
+# The run's length: a different value on resume rebuilds the learning-rate schedule (warned).
+LENGTH_FIELDS = ("max_steps", "total_episodes", "num_train_epochs")
 
 
 class CheckpointError(RuntimeError):
@@ -246,7 +250,7 @@ def load_checkpoint(accelerator: Accelerator, model: torch.nn.Module, path: Path
             f"{args.num_mini_batches} on {accelerator.num_processes}; resume with the same batch "
             f"sizes and process count."
         )
-    _check_optimizer_fields(path, args)
+    _check_saved_config(path, args)
     if sharding_of(model) is None:  # sharded, accelerate restores the weights from its own sharded state below
         _load_weights(accelerator.unwrap_model(model), path)
     handle = accelerator.register_load_state_pre_hook(_skip_model_loading)
@@ -265,21 +269,33 @@ def _verify_manifest(path: Path, state: dict[str, Any]) -> None:
     for name, (size, digest) in manifest.items():
         file = path / name
         if not file.is_file():
-            raise CheckpointError(f"checkpoint {path} is damaged: {name} is missing (e.g. the random-state file "
-                                  f"that makes resuming exact). Resume from another checkpoint.")
+            raise CheckpointError(f"checkpoint {path} is damaged: {name} is missing. Resume from another "
+                                  f"checkpoint (or 'latest', which skips damaged saves only when they are incomplete).")
         if file.stat().st_size != size or _sha256(file) != digest:
             raise CheckpointError(f"checkpoint {path} is damaged: {name} differs from what was saved. "
                                   f"Resume from another checkpoint.")
 
 
-def _check_optimizer_fields(path: Path, args: RLOOConfig) -> None:
+def _check_saved_config(path: Path, args: RLOOConfig) -> None:
+    """Refuse a resume that changes the optimizer's settings or the algorithm; warn when the run's length
+    changes (the learning-rate schedule is then rebuilt for the new length)."""
     saved = json.loads((path / "rloo_config.json").read_text())
-    changed = [f"{name}: {saved[name]!r} -> {getattr(args, name)!r}" for name in OPTIMIZER_FIELDS
-               if name in saved and saved[name] != getattr(args, name)]
-    if changed:
-        raise ConfigError(f"resuming from {path} with a changed optimizer setting ({'; '.join(changed)}): the "
-                          f"saved optimizer and scheduler state would override it. Resume with the saved values, "
+
+    def changed(names: tuple[str, ...]) -> list[str]:
+        return [f"{name}: {saved[name]!r} -> {getattr(args, name)!r}" for name in names
+                if name in saved and saved[name] != getattr(args, name)]
+
+    if changed(OPTIMIZER_FIELDS):
+        raise ConfigError(f"resuming from {path} with a changed optimizer setting ({'; '.join(changed(OPTIMIZER_FIELDS))}): "
+                          f"the saved optimizer and scheduler state would override it. Resume with the saved values, "
                           f"or start a new run from {path} as a model (model_name_or_path) with the new ones.")
+    if changed(ALGORITHM_FIELDS):
+        raise ConfigError(f"resuming from {path} with a changed algorithm ({'; '.join(changed(ALGORITHM_FIELDS))}): "
+                          f"the run would switch what it computes mid-way. Resume with the saved values, or start a "
+                          f"new run from {path} as a model (model_name_or_path) with the new ones.")
+    if changed(LENGTH_FIELDS):
+        logger.warning("resuming from %s with a changed run length (%s): the learning-rate schedule is rebuilt for "
+                       "the new length.", path, "; ".join(changed(LENGTH_FIELDS)))
 
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:
@@ -299,6 +315,13 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
     weights: dict[str, torch.Tensor] = {}
     for file in files:
         weights.update(load_file(str(file)))
+    own = model.state_dict()
+    different = [f"{name}: saved {tuple(tensor.shape)}, model {tuple(own[name].shape)}"
+                 for name, tensor in weights.items() if name in own and own[name].shape != tensor.shape]
+    if different:
+        raise CheckpointError(f"{path}: the saved weights have other shapes than this model ({len(different)} tensors, "
+                              f"e.g. {different[0]}); it was written by a model of another size. Resume with the model "
+                              f"the run started from, or another checkpoint.")
     missing, unexpected = model.load_state_dict(weights, strict=False)
     loaded = {p.data_ptr() for n, p in model.state_dict().items() if n in weights}
     untied = [n for n in missing if model.state_dict()[n].data_ptr() not in loaded]

@@ -255,6 +255,8 @@ class RLOOTrainer:
             return 0
         state = checkpoint.load_checkpoint(acc, self.model, path, args)
         self.global_step, self.episode = state["global_step"], state["episode"]
+        if acc.is_main_process:
+            tqdm.write(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps}).")
         self.run_id = state.get("run_id") or self.run_id
         if acc.is_main_process:
             truncate_history(args.output_dir, self.global_step)

@@ -1,0 +1,61 @@
+"""Resuming checks the checkpoint against the run: another algorithm or model size is refused by name,
+another length is warned about, and the resume itself is announced."""
+
+import logging
+
+import pytest
+from datasets import Dataset
+
+from rloo import RLOOConfig, RLOOTrainer
+from rloo.checkpoint import CheckpointError
+from rloo.config_checks import ConfigError
+
+
+def _reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def _trainer(tmp_path, model, tokenizer, **overrides):
+    args = RLOOConfig(**{**dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=2,
+                                max_completion_length=3, max_steps=2, save_steps=1, report_to="none", beta=0.0),
+                         **overrides})
+    dataset = Dataset.from_list([{"prompt": f"{a}+{a}="} for a in range(8)])
+    return RLOOTrainer(model, _reward, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+@pytest.fixture
+def saved_run(tmp_path, make_model, tokenizer):
+    _trainer(tmp_path, make_model(), tokenizer, max_steps=1).train()
+    return tmp_path / "run" / "checkpoint-1"
+
+
+def test_a_changed_algorithm_is_refused(tmp_path, make_model, tokenizer, saved_run):
+    resumed = _trainer(tmp_path, make_model(), tokenizer, num_generations=4)  # same completions per step
+    with pytest.raises(ConfigError, match=r"changed algorithm \(num_generations: 2 -> 4\)"):
+        resumed.train(resume_from_checkpoint=str(saved_run))
+    resumed = _trainer(tmp_path, make_model(), tokenizer, advantage_estimator="grpo")
+    with pytest.raises(ConfigError, match=r"advantage_estimator: 'rloo' -> 'grpo'"):
+        resumed.train(resume_from_checkpoint=str(saved_run))
+
+
+def test_a_changed_length_is_warned_and_the_resume_announced(tmp_path, make_model, tokenizer, saved_run, caplog,
+                                                            capsys):
+    resumed = _trainer(tmp_path, make_model(), tokenizer, max_steps=2)
+    with caplog.at_level(logging.WARNING):
+        resumed.train(resume_from_checkpoint="latest")
+    assert "changed run length (max_steps: 1 -> 2)" in caplog.text and "schedule is rebuilt" in caplog.text
+    assert "resuming from checkpoint-1 (step 1 of 2)" in capsys.readouterr().out
+    assert resumed.global_step == 2
+
+
+def test_a_model_of_another_size_is_named(tmp_path, make_model, tokenizer, saved_run):
+    resumed = _trainer(tmp_path, make_model(hidden_size=48), tokenizer)
+    with pytest.raises(CheckpointError, match=r"checkpoint-1: the saved weights have other shapes .* another size"):
+        resumed.train(resume_from_checkpoint=str(saved_run))
+
+
+def test_removed_weights_are_named(tmp_path, make_model, tokenizer, saved_run):
+    (saved_run / "model.safetensors").unlink()
+    resumed = _trainer(tmp_path, make_model(), tokenizer)
+    with pytest.raises(CheckpointError, match=r"checkpoint-1 is damaged: model.safetensors is missing"):
+        resumed.train(resume_from_checkpoint=str(saved_run))
