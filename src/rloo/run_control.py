@@ -41,6 +41,28 @@ def previous_run_files(output_dir: str | Path) -> list[Path]:
     return found
 
 
+def check_output_dir(output_dir: str | Path) -> None:
+    """Before anything loads: output_dir is a directory, or can become one, that this process may write."""
+    directory = Path(output_dir).expanduser()
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"output_dir={str(output_dir)!r} cannot be created: {str(existing)!r} is a file, not a "
+                          f"directory. Choose another output_dir.")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir={str(output_dir)!r} is not writable ({str(existing)!r} does not allow writing). "
+                          f"Choose another output_dir or change its permissions.")
+
+
+def refuse_used_output_dir(output_dir: str | Path) -> None:
+    """Refuse a fresh run into an output_dir holding another run's files (the CLI calls it before loading)."""
+    found = previous_run_files(output_dir)
+    if found:
+        names = ", ".join(p.name for p in found[:4]) + (", ..." if len(found) > 4 else "")
+        raise ConfigError(f"output_dir={str(output_dir)!r} holds another run's files ({names}). Resume it with "
+                          f"resume_from_checkpoint='latest', choose another output_dir, or set "
+                          f"overwrite_output_dir=True to delete them.")
+
+
 def prepare_output_dir(output_dir: str | Path, overwrite: bool) -> None:
     """Refuse (or with overwrite, clear) another run's checkpoints and history in a fresh run's output_dir."""
     directory = Path(output_dir)
@@ -50,10 +72,7 @@ def prepare_output_dir(output_dir: str | Path, overwrite: bool) -> None:
     if not found:
         return
     if not overwrite:
-        names = ", ".join(p.name for p in found[:4]) + (", ..." if len(found) > 4 else "")
-        raise ConfigError(f"output_dir={str(output_dir)!r} holds another run's files ({names}). Resume it with "
-                          f"resume_from_checkpoint='latest', choose another output_dir, or set "
-                          f"overwrite_output_dir=True to delete them.")
+        refuse_used_output_dir(directory)
     for path in found:
         logger.warning("overwrite_output_dir=True: deleting %s from an earlier run.", path)
         shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 from . import checkpoint, evaluation, setup, sharding, trainer_api
 from .allocator import return_large_buffers_to_os
 from .config import ConfigError, RLOOConfig
-from .run_control import StopSignals, prepare_output_dir, truncate_history
+from .run_control import StopSignals, check_output_dir, prepare_output_dir, truncate_history
 from .data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
 from .data.schedule import PromptSchedule, select_rows
 from .generation.base import Sampler
@@ -86,6 +86,7 @@ class RLOOTrainer:
     ) -> None:
         reward_funcs = _check_arguments(reward_funcs, reward_model, train_dataset, sampler)
         self.args = args = args if args is not None else RLOOConfig()
+        check_output_dir(args.output_dir)  # before anything loads
         self.accelerator = acc = setup.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)

@@ -59,3 +59,11 @@ def test_removed_weights_are_named(tmp_path, make_model, tokenizer, saved_run):
     resumed = _trainer(tmp_path, make_model(), tokenizer)
     with pytest.raises(CheckpointError, match=r"checkpoint-1 is damaged: model.safetensors is missing"):
         resumed.train(resume_from_checkpoint=str(saved_run))
+
+
+def test_an_output_dir_that_cannot_be_created_is_refused_before_loading(tmp_path, tokenizer):
+    (tmp_path / "a_file").write_text("x")
+    args = RLOOConfig(output_dir=str(tmp_path / "a_file" / "run"), report_to="none")
+    with pytest.raises(ConfigError, match=r"cannot be created: .*a_file' is a file, not a directory"):
+        RLOOTrainer(str(tmp_path / "never" / "loaded"), _reward, args=args,
+                    train_dataset=Dataset.from_list([{"prompt": "1+1="}]), processing_class=tokenizer)
