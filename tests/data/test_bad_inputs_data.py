@@ -53,3 +53,18 @@ def test_a_reward_that_is_not_a_function_is_refused_before_loading(tmp_path, tok
     with pytest.raises(ConfigError, match=r"reward_funcs holds 5 \(int\); each entry must be a function"):
         RLOOTrainer(str(tmp_path / "never" / "loaded"), 5, args=args,
                     train_dataset=Dataset.from_list([{"prompt": "1+1="}]), processing_class=tokenizer)
+
+
+def test_a_split_the_data_does_not_have_is_refused(tmp_path):
+    from rloo.data.loading import load_prompt_dataset
+
+    single = tmp_path / "rows.jsonl"
+    single.write_text('{"prompt": "1+1="}\n')
+    with pytest.raises(ConfigError, match=r"single file, so its only split is 'train', not 'test'"):
+        load_prompt_dataset(str(single), "test")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text('{"prompt": "1+1="}\n')
+    assert len(load_prompt_dataset(str(folder), "train")) == 1
+    with pytest.raises(ConfigError, match=r"has no split 'validation'.*train"):
+        load_prompt_dataset(str(folder), "validation")

@@ -28,6 +28,10 @@ def load_prompt_dataset(name: str, split: str = "train", config: str | None = No
 
     path = Path(name).expanduser()
     if path.is_file():
+        if split != "train":
+            raise ConfigError(f"dataset {name!r} is a single file, so its only split is 'train', not {split!r} (it "
+                              f"would read the training rows again). Give the {split!r} rows as their own file, or a "
+                              f"directory or Hub dataset that has that split.")
         return datasets.load_dataset(file_builder(path), data_files=str(path), split="train")
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "state.json").exists() or (path / "dataset_dict.json").exists():
@@ -37,7 +41,19 @@ def load_prompt_dataset(name: str, split: str = "train", config: str | None = No
                     raise ConfigError(f"{path} has splits {list(loaded)}, not {split!r}; pass --dataset_split.")
                 loaded = loaded[split]
             return loaded
-        return datasets.load_dataset(str(path), config, split=split)
+        return _load_split(str(path), config, split)
     if name.startswith((".", "/", "~")) or name.endswith(tuple(_FILE_BUILDERS)):
         raise FileNotFoundError(f"dataset {name!r} does not exist locally.")
-    return datasets.load_dataset(name, config, split=split)
+    return _load_split(name, config, split)
+
+
+def _load_split(name: str, config: str | None, split: str) -> Any:
+    """`datasets.load_dataset` of one split; a split the data does not have is named with the ones it has."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except ValueError as error:
+        if "split" not in str(error).lower():
+            raise
+        raise ConfigError(f"dataset {name!r} has no split {split!r} ({error}).") from None
