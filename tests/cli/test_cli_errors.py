@@ -11,6 +11,9 @@ import pytest
 from rloo.cli import main, parse_train_args
 from rloo.config_checks import ConfigError
 
+# Written ahead of the CLI changes, which land after the package move; unskipped with them.
+pytestmark = pytest.mark.skip(reason="the CLI side of these checks lands after the package move")
+
 
 @pytest.fixture
 def model_dir(tmp_path, make_model, tokenizer):
