@@ -3,6 +3,8 @@
     python benchmarks/memory.py                         # lengths 256, 1024, 4096; beta 0 and 0.05; both systems
     python benchmarks/memory.py --quick                 # length 256, beta 0 only
     python benchmarks/memory.py --lengths 256 1024 --systems rloo
+    python benchmarks/memory.py --real --betas 0.05     # the real-model row: SmolLM2-135M-Instruct on GSM8K, 128 tokens
+    python benchmarks/memory.py --real --betas 0.05 --systems rloo --rloo-option shared_prefix_forward=true
 
 The model is a local Qwen2 with the vocabulary of Qwen2/Qwen3 (151,936 tokens), hidden size 64,
 2 layers and random weights, so sampled completions almost never hit EOS and run to the limit:
@@ -14,8 +16,12 @@ Printed per run: the growth of the resident set across `train()` (the peak RSS d
 the RSS when `train()` starts: the weights, optimizer states and data loaded before are not counted),
 and seconds per step (sampling included). A run whose RSS passes `--budget-gb` is stopped and
 reported as over budget; the longest tested completion length that fits the budget is printed per
-system. TRL must be importable (e.g. run this with a venv that has `trl` installed); without it
-the TRL rows are reported as not run, with the import error.
+system. `--real` trains SmolLM2-135M-Instruct (rloo.toy.smollm2; 134.5M parameters, vocabulary 49,152)
+on GSM8K's one-shot prompts (rloo.toy.gsm8k) with a 0/1 correctness reward instead: a real model's
+weights, optimizer states and activations, at completion length 128 by default. `--rloo-option
+KEY=VALUE` passes an RLOOConfig field to rloo's runs only (recorded with the result). TRL must be
+importable (e.g. run this with a venv that has `trl` installed); without it the TRL rows are
+reported as not run, with the import error.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))  # this checkout's rloo wins over any installed copy
@@ -93,7 +101,19 @@ def shared_hyperparameters(length: int, beta: float, steps: int, output_dir: str
                 logging_steps=steps)
 
 
-def run_one(system: str, model_dir: str, length: int, beta: float, steps: int, budget_gb: float) -> dict:
+def real_prompts_and_reward(count: int):
+    """GSM8K's first `count` training problems as one-shot prompts, and the 0/1 correctness reward."""
+    from datasets import Dataset
+
+    from rloo.rewards.gsm8k import gsm8k_accuracy
+    from rloo.toy.gsm8k import gsm8k_rows
+
+    rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in gsm8k_rows("train", limit=count, one_shot=True)]
+    return Dataset.from_list(rows), gsm8k_accuracy
+
+
+def run_one(system: str, model_dir: str, length: int, beta: float, steps: int, budget_gb: float,
+            real: bool = False, rloo_options: dict | None = None) -> dict:
     """Train `steps` steps in this process; return RSS growth across train() and seconds per step."""
     import torch
     import transformers
@@ -101,14 +121,19 @@ def run_one(system: str, model_dir: str, length: int, beta: float, steps: int, b
 
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
-    report = {"system": system, "length": length, "beta": beta}
-    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(model_dir)  # not the Qwen2 BPE class
+    report = {"system": system, "length": length, "beta": beta, "model": "smollm2-135m" if real else "qwen2-random",
+              **({"rloo_options": rloo_options} if rloo_options and system == "rloo" else {})}
+    tokenizer_class = transformers.AutoTokenizer if real else transformers.PreTrainedTokenizerFast  # not Qwen2's BPE
+    tokenizer = tokenizer_class.from_pretrained(model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     prompts = Dataset.from_list([{"prompt": " ".join(f"w{(7 * i + j) % 5000 + 2}" for j in range(16))}
                                  for i in range(PROMPTS_PER_STEP * steps)])
 
     def reward(completions, **kwargs):
         return [float(len(c) % 7) for c in completions]
+
+    if real:
+        prompts, reward = real_prompts_and_reward(PROMPTS_PER_STEP * steps)
 
     with tempfile.TemporaryDirectory() as output_dir:
         hyper = shared_hyperparameters(length, beta, steps, output_dir)
@@ -123,8 +148,8 @@ def run_one(system: str, model_dir: str, length: int, beta: float, steps: int, b
         else:
             from rloo import RLOOConfig, RLOOTrainer
 
-            trainer = RLOOTrainer(model, reward, args=RLOOConfig(**hyper, save_steps=0), train_dataset=prompts,
-                                  processing_class=tokenizer)
+            trainer = RLOOTrainer(model, reward, args=RLOOConfig(**hyper, save_steps=0, **(rloo_options or {})),
+                                  train_dataset=prompts, processing_class=tokenizer)
         watch = RSSWatch(int(budget_gb * 2**30), report)
         before, max_before = rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         watch.thread.start()
@@ -139,9 +164,10 @@ def run_one(system: str, model_dir: str, length: int, beta: float, steps: int, b
             "rss_before_mb": before / 2**20, "seconds_per_step": seconds / steps}
 
 
-def spawn(system: str, model_dir: Path, length: int, beta: float, steps: int, budget_gb: float, python: str) -> dict:
+def spawn(system: str, model_dir: Path, length: int, beta: float, steps: int, budget_gb: float, python: str,
+          real: bool = False, rloo_options: dict | None = None) -> dict:
     spec = json.dumps(dict(system=system, model_dir=str(model_dir), length=length, beta=beta, steps=steps,
-                           budget_gb=budget_gb))
+                           budget_gb=budget_gb, real=real, rloo_options=rloo_options))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run([python, __file__, "--worker", spec], capture_output=True, text=True, env=env)
     lines = done.stdout.strip().splitlines()
@@ -170,6 +196,9 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="interpreter for the runs (e.g. a venv with trl)")
     parser.add_argument("--cache-dir", type=Path, default=HERE / ".cache")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "memory.json", help="raw results (JSON)")
+    parser.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct on GSM8K prompts (length 128)")
+    parser.add_argument("--rloo-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an RLOOConfig field for rloo's runs, e.g. shared_prefix_forward=true")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
@@ -177,23 +206,32 @@ def main() -> None:
         return
     if options.quick:
         options.lengths, options.betas = [256], [0.0]
-    model_dir = prepare_model(options.cache_dir, max(options.lengths) + 64)
+    rloo_options = {key: yaml.safe_load(value) for key, _, value in (o.partition("=") for o in options.rloo_option)}
+    if options.real:
+        from rloo.toy.smollm2 import smollm2_folder
 
-    print(f"vocab {VOCAB}, hidden 64, 2 layers, {PROMPTS_PER_STEP * K} completions/step, fp32 CPU, 1 thread, "
-          f"{options.steps} steps, budget {options.budget_gb} GB\n")
+        options.lengths = options.lengths if options.lengths != [256, 1024, 4096] else [128]
+        model_dir = smollm2_folder()
+        print(f"SmolLM2-135M-Instruct on GSM8K one-shot prompts, {PROMPTS_PER_STEP * K} completions/step, fp32 CPU, "
+              f"1 thread, {options.steps} steps, rloo options {rloo_options or 'none'}\n")
+    else:
+        model_dir = prepare_model(options.cache_dir, max(options.lengths) + 64)
+        print(f"vocab {VOCAB}, hidden 64, 2 layers, {PROMPTS_PER_STEP * K} completions/step, fp32 CPU, 1 thread, "
+              f"{options.steps} steps, budget {options.budget_gb} GB\n")
     print("| completion length | beta | system | RSS growth in train() MB | s/step |\n|---:|---:|---|---:|---:|")
     results = []
     for length in options.lengths:
         for beta in options.betas:
-            pair = [spawn(s, model_dir, length, beta, options.steps, options.budget_gb, options.python)
-                    for s in options.systems]
+            pair = [spawn(s, model_dir, length, beta, options.steps, options.budget_gb, options.python, options.real,
+                          rloo_options) for s in options.systems]
             results += pair
             for result in pair:
                 print(row(result), flush=True)
             save(options, results)  # after every pair, so that a run cut short keeps what it measured
             done = {r["system"]: r for r in pair if "rss_growth_mb" in r}
             if len(done) == 2:
-                print(f"| {length} | {beta} | **rloo/TRL** | **{done['rloo']['rss_growth_mb'] / done['trl']['rss_growth_mb']:.2f}x** "
+                growth = done["rloo"]["rss_growth_mb"] / done["trl"]["rss_growth_mb"]
+                print(f"| {length} | {beta} | **rloo/TRL** | **{growth:.2f}x** "
                       f"| {done['rloo']['seconds_per_step'] / done['trl']['seconds_per_step']:.2f}x |", flush=True)
     print()
     longest = {}

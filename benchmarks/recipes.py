@@ -11,8 +11,9 @@ reward functions, which record what they score. Each run reports:
   function's mean;
 - held-out: greedy accuracy (and the format rate) on a fixed subset of the recipe's test split (the
   first --eval-size problems), before training (once) and after each run;
-- seconds per optimizer step (train() alone; loading and evaluation are outside the clock) and peak
-  RSS of the process;
+- seconds per optimizer step (train() alone; loading and evaluation are outside the clock), wall and
+  CPU (user + system: on shared cores wall time measures the neighbours as much as the trainer), and
+  peak RSS of the process;
 - the first held-out completions before and after, to read what was learned.
 
 Results go to benchmarks/results/recipes_<recipe>.json and docs/recipes_<recipe>.png; the table and
@@ -148,6 +149,12 @@ def load_model(recipe: dict):
     return model, tokenizer
 
 
+def process_cpu_seconds() -> float:
+    """User + system CPU time of this process: on shared cores it varies far less than wall time."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_worker(spec: dict) -> dict:
     """One process: train once (or only evaluate, system == "base") and measure."""
     import torch
@@ -161,9 +168,9 @@ def run_worker(spec: dict) -> dict:
     rewards = reward_functions(recipe)
     with tempfile.TemporaryDirectory() as output_dir:
         trainer = build_trainer(spec["system"], recipe, model, tokenizer, rewards, output_dir)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), process_cpu_seconds()
         trainer.train()
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, process_cpu_seconds() - cpu_start
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # training's peak; eval adds little
     per_step = recipe["per_device_train_batch_size"] * recipe["gradient_accumulation_steps"]
     weights = recipe.get("reward_weights") or [1.0] * len(rewards)
@@ -171,7 +178,8 @@ def run_worker(spec: dict) -> dict:
     weighted = [sum(w * curves[r.__name__][i] for w, r in zip(weights, rewards))
                 for i in range(min(len(c) for c in curves.values()))]
     return {"system": spec["system"], "seed": recipe["seed"], "steps": recipe["max_steps"],
-            "seconds_per_step": seconds / recipe["max_steps"], "peak_rss_mb": peak_rss_mb,
+            "seconds_per_step": seconds / recipe["max_steps"], "cpu_seconds_per_step": cpu_seconds / recipe["max_steps"],
+            "peak_rss_mb": peak_rss_mb,
             "reward_curve": weighted, "reward_function_curves": curves,
             "held_out": held_out(model, tokenizer, spec["name"], recipe, rows)}
 
@@ -235,8 +243,8 @@ def main() -> None:
         for system in options.systems:
             run = spawn({**common, "system": system, "recipe": {**recipe, "seed": seed}})
             results["runs"].append(run)
-            print(f"{system} seed {seed}: {run['seconds_per_step']:.1f} s/step, peak RSS {run['peak_rss_mb']:.0f} MB, "
-                  f"reward {run['reward_curve'][:2]} ... {run['reward_curve'][-2:]}, held-out {run['held_out']['scores']}",
+            print(f"{system} seed {seed}: {run['seconds_per_step']:.1f} s/step ({run['cpu_seconds_per_step']:.1f} CPU s), "
+                  f"peak RSS {run['peak_rss_mb']:.0f} MB, reward {run['reward_curve']}, held-out {run['held_out']['scores']}",
                   flush=True)
             out.write_text(json.dumps(results, indent=1))
     plot(results, ROOT / "docs" / f"recipes_{options.recipe}.png")
