@@ -63,19 +63,44 @@ def strict_json(row: dict[str, Any], where: str) -> str:
     return json.dumps(cleaned, allow_nan=False, default=str)
 
 
-class MetricsWindow:
-    """Averages values recorded between two logging steps."""
+# A metric averaged over units (tokens, completions) is averaged over a logging window weighted by the
+# units of each step, so the window's value is the one of all its steps pooled, however uneven they are.
+# Metric -> the metric (logged with it) that counts its units; other metrics weigh every step the same.
+WINDOW_WEIGHTS = {
+    "loss/policy_avg": "train/loss_denominator",
+    "policy/entropy_avg": "train/completion_tokens",
+    "loss/kl_avg": "train/completion_tokens",
+    "policy/clipfrac_avg": "train/ratio_units",
+    "clip_ratio/low_mean": "train/ratio_units",
+    "clip_ratio/high_mean": "train/ratio_units",
+    "clip_ratio/region_mean": "train/ratio_units",
+    "policy/approxkl_avg": "train/ratio_units",
+    "val/ratio": "train/ratio_units",
+    "val/ratio_var": "train/ratio_units",
+    "policy/off_policy_masked_frac": "train/ratio_units",
+}
 
-    def __init__(self) -> None:
-        self._values: dict[str, list[float]] = defaultdict(list)
+
+class MetricsWindow:
+    """Averages values recorded between two logging steps, each weighted by the units it averages
+    over (`WINDOW_WEIGHTS`; 1 per recording for the others)."""
+
+    def __init__(self, weights: dict[str, str] | None = None) -> None:
+        self.weights = WINDOW_WEIGHTS if weights is None else weights
+        self._sums: dict[str, float] = defaultdict(float)
+        self._totals: dict[str, float] = defaultdict(float)
 
     def add(self, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
-            self._values[key].append(float(value))
+            weight = float(metrics.get(self.weights.get(key, ""), 1.0))
+            self._sums[key] += weight * float(value)
+            self._totals[key] += weight
 
     def mean_and_reset(self) -> dict[str, float]:
-        means = {key: sum(values) / len(values) for key, values in self._values.items() if values}
-        self._values.clear()
+        # A metric whose every recording had zero units (no tokens) has no value and is left out.
+        means = {key: self._sums[key] / self._totals[key] for key in self._sums if self._totals[key] > 0}
+        self._sums.clear()
+        self._totals.clear()
         return means
 
 
@@ -222,6 +247,10 @@ def step_metrics(totals: dict[str, float], denominator: float, with_kl_loss: boo
         "policy/entropy_avg": totals["entropy"] / max(totals["tokens"], 1.0),
         "val/ratio": ratio_mean,
         "val/ratio_var": max(totals["ratio_sq"] / units - ratio_mean ** 2, 0.0),
+        # The units the metrics above average over, global: what a logging window weighs each step by.
+        "train/loss_denominator": denominator,
+        "train/completion_tokens": totals["tokens"],
+        "train/ratio_units": totals["units"],
     }
     if with_kl_loss:
         metrics["loss/kl_avg"] = totals["kl_loss"] / max(totals["tokens"], 1.0)
