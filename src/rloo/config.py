@@ -63,6 +63,7 @@ KL_PENALTIES = ("sequence", "token", "loss")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 NAN_POLICIES = ("skip", "stop")
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -312,6 +313,27 @@ class RLOOConfig:
     False trains as if the sampler were the policy. The mismatch is logged either way (sampler/*)."""
     vllm_importance_sampling_cap: float = 2.0
     """The cap of the truncated importance-sampling ratio (TIS); must be >= 1."""
+
+    # --- beyond TRL's RLOO: the off-policy toolkit and dynamic sampling (docs/algorithm.md) ---
+    importance_sampling_level: str | None = None
+    """The importance ratio of the clipped loss. None (default): what loss_agg_mode implies, the whole
+    completion's ratio pi(y|x) / pi_old(y|x) for "seq-mean-token-sum" and per-token ratios otherwise.
+    "token": per-token ratios pi(y_t) / pi_old(y_t) in every mode (GRPO). "sequence": GSPO's
+    length-normalised ratio exp(mean_t log(pi(y_t) / pi_old(y_t))) on every token of a completion; it
+    needs a loss_agg_mode other than "seq-mean-token-sum" (GSPO is "seq-mean-token-mean")."""
+    off_policy_mask_threshold: float | None = None
+    """Off-policy sequence masking (DeepSeek-V3.2, TRL's name): a completion with a negative advantage
+    whose mean per-token log(pi_sampler / pi) exceeds this delta gets zero loss (it stays in the
+    denominator). pi_sampler is the engine's log-probs when the sampler returns them, else pi_old; on
+    the first step of a rollout sampled by the policy itself nothing is masked. None disables; e.g. 0.5."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose scored rewards are all equal (zero advantage, nothing
+    to learn) and refill the rollout with groups of freshly sampled prompts, up to
+    dynamic_sampling_max_rounds generations per rollout; if still short, zero-spread groups fill the
+    rest. Logs dynamic_sampling/* (dropped fraction, extra prompts, rounds)."""
+    dynamic_sampling_max_rounds: int = 3
+    """With dynamic_sampling: the most generation rounds per rollout, the first included, so at most
+    (rounds - 1) * prompts_per_rollout extra prompts per process and rollout."""
 
     # --- robustness (issue 11): output directory reuse and non-finite steps ---
     overwrite_output_dir: bool = False

@@ -16,8 +16,22 @@ import types
 import typing
 from typing import Any
 
-from .config import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, KL_PENALTIES, LOSS_AGG_MODES, LR_SCHEDULERS, MODEL_DTYPES,
-                     NAN_POLICIES, OPTIMIZERS, SAMPLERS, TRUNCATE_PROMPTS, VLLM_MODES, ConfigError, RLOOConfig)
+from .config import (
+    ADVANTAGE_ESTIMATORS,
+    IMPORTANCE_SAMPLING_LEVELS,
+    KL_ESTIMATORS,
+    KL_PENALTIES,
+    LOSS_AGG_MODES,
+    LR_SCHEDULERS,
+    MODEL_DTYPES,
+    NAN_POLICIES,
+    OPTIMIZERS,
+    SAMPLERS,
+    TRUNCATE_PROMPTS,
+    VLLM_MODES,
+    ConfigError,
+    RLOOConfig,
+)
 from .trackers import check_report_to
 
 logger = logging.getLogger("rloo.config")
@@ -118,6 +132,7 @@ def _check_algorithm(c: RLOOConfig) -> None:
     require(c.stop_token_ids is None or (len(c.stop_token_ids) > 0 and all(
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in c.stop_token_ids)),
             f"stop_token_ids must be a non-empty list of token ids (integers >= 0) or unset, got {c.stop_token_ids!r}.")
+    _check_off_policy(c)
     if c.kl_penalty == "token":
         require(c.advantage_estimator in ("rloo", "drgrpo", "reinforce") and not c.normalize_advantages,
                 f"kl_penalty='token' adds the KL reward-to-go to each token's advantage in reward units, but "
@@ -139,6 +154,25 @@ def _check_algorithm(c: RLOOConfig) -> None:
                 f"normalize_rewards / normalize_advantages whiten over the {c.completions_per_rollout} completion(s) "
                 f"of a rollout on one process; one completion has no spread. Raise per_device_train_batch_size, "
                 f"gradient_accumulation_steps, num_mini_batches or num_generations, or turn normalisation off.")
+
+
+def _check_off_policy(c: RLOOConfig) -> None:
+    require(c.importance_sampling_level is None or c.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS,
+            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS} or unset, "
+            f"got {c.importance_sampling_level!r}.")
+    require(not (c.importance_sampling_level == "sequence" and c.loss_agg_mode == "seq-mean-token-sum"),
+            "importance_sampling_level='sequence' (GSPO) gives every token of a completion the same length-normalised "
+            "ratio; summing it over the tokens (loss_agg_mode='seq-mean-token-sum') would weigh long completions by "
+            "their length. Set loss_agg_mode='seq-mean-token-mean' (GSPO) or 'token-mean'.")
+    require(c.off_policy_mask_threshold is None or c.off_policy_mask_threshold > 0,
+            f"off_policy_mask_threshold must be > 0 (a mean per-token KL; e.g. 0.5) or unset, "
+            f"got {c.off_policy_mask_threshold!r}.")
+    require(isinstance(c.dynamic_sampling_max_rounds, int) and c.dynamic_sampling_max_rounds >= 1,
+            f"dynamic_sampling_max_rounds must be an integer >= 1 (generation rounds per rollout, the first "
+            f"included), got {c.dynamic_sampling_max_rounds!r}.")
+    require(not (c.dynamic_sampling and c.num_generations < 2),
+            "dynamic_sampling keeps groups whose completions' rewards differ; with num_generations=1 no group can. "
+            "Raise num_generations or turn dynamic_sampling off.")
 
 
 def _check_run_and_outputs(c: RLOOConfig) -> None:

@@ -77,7 +77,7 @@ WINDOW_WEIGHTS = {
     "policy/approxkl_avg": "train/ratio_units",
     "val/ratio": "train/ratio_units",
     "val/ratio_var": "train/ratio_units",
-    "policy/off_policy_masked_frac": "train/ratio_units",
+    "policy/off_policy_masked_frac": "train/completions",
 }
 
 
@@ -232,7 +232,8 @@ def rollout_metrics(rollout: Any, accelerator: Accelerator, num_generations: int
     }
 
 
-def step_metrics(totals: dict[str, float], denominator: float, with_kl_loss: bool) -> dict[str, float]:
+def step_metrics(totals: dict[str, float], denominator: float, with_kl_loss: bool,
+                 with_off_policy_mask: bool = False) -> dict[str, float]:
     """An optimizer step's metrics from the sums over its micro-batches (see `update.STEP_TOTALS`)."""
     units = max(totals["units"], 1.0)  # completions (sequence ratio) or tokens (per-token ratio)
     ratio_mean = totals["ratio"] / units
@@ -254,6 +255,9 @@ def step_metrics(totals: dict[str, float], denominator: float, with_kl_loss: boo
     }
     if with_kl_loss:
         metrics["loss/kl_avg"] = totals["kl_loss"] / max(totals["tokens"], 1.0)
+    if with_off_policy_mask:  # the fraction of trained completions off_policy_mask_threshold dropped
+        metrics["policy/off_policy_masked_frac"] = totals["off_policy_masked"] / max(totals["completions"], 1.0)
+        metrics["train/completions"] = totals["completions"]
     return metrics
 
 

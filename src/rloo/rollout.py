@@ -54,6 +54,7 @@ class Rollout:
     # Sampler/trainer mismatch (set only when the sampler returns its own log-probs, e.g. vLLM):
     is_weights: torch.Tensor | None = None  # (B, C) truncated importance weights; None when off
     mismatch: torch.Tensor | None = None  # (4,) `algo.importance.mismatch_sums` of this process
+    sampler_logps: torch.Tensor | None = None  # (B, C) the engine's own log-probs, kept for off_policy_mask_threshold
 
     def micro_batch(self, start: int, size: int) -> "Rollout":
         """Rows [start, start + size), with padding columns that every row shares trimmed off."""
@@ -84,6 +85,7 @@ class Rollout:
             trained=self.trained[rows],
             is_weights=columns(self.is_weights),
             mismatch=self.mismatch,
+            sampler_logps=columns(self.sampler_logps),
         )
 
     def loss_mask(self) -> torch.Tensor:
@@ -217,6 +219,8 @@ class RolloutCollector:
         sampler_logps = sampled.logprobs.to(old_logps.device)
         cap = self.args.vllm_importance_sampling_cap
         rollout.mismatch = mismatch_sums(old_logps, sampler_logps, sampled.completion_mask, cap)
+        if self.args.off_policy_mask_threshold is not None:
+            rollout.sampler_logps = sampler_logps
         if self.args.vllm_importance_sampling_correction:
             rollout.is_weights = truncated_importance_weights(old_logps, sampler_logps, sampled.completion_mask, cap)
 

@@ -126,6 +126,7 @@ class RLOOTrainer:
         self.global_step = 0
         self.episode = 0
         self._evaluated_at, self._last_eval = -1, {}
+        self._reported_zero_spread = False
         self.run_id = uuid.uuid4().hex  # marks this run's checkpoints; a resumed run takes the checkpoint's
         self.stopped_by: str | None = None  # the signal that stopped train() early, if any
         self._claimed_output_dir = False
@@ -186,6 +187,7 @@ class RLOOTrainer:
             rollout, samples = self.collect(rows)  # steps 1-4
             rollout_stats = rollout_metrics(rollout, acc, args.num_generations,
                                             [fn.name for fn in self.reward_functions])
+            self._report_zero_spread(rollout_stats)
             episodes = rollout.scores.numel() * acc.num_processes
             self.episode += episodes
             window_episodes += episodes
@@ -230,6 +232,14 @@ class RLOOTrainer:
         self.callback_handler.event("on_train_end")
         acc.end_training()
         return trainer_api.TrainOutput(self.global_step, self._training_loss(), last_metrics)
+
+    def _report_zero_spread(self, rollout_stats: dict[str, float]) -> None:
+        """Once per run, on the console: a rollout in which every group has zero spread trains nothing."""
+        if rollout_stats.get("frac_reward_zero_std", 0.0) < 1.0 or self._reported_zero_spread:
+            return
+        self._reported_zero_spread = True
+        if self.accelerator.is_main_process:
+            tqdm.write(zero_spread_message(self.global_step, self.args.num_generations, rollout_stats["reward"]))
 
     def _training_loss(self) -> float:
         losses = [log["loss/policy_avg"] for log in self.state.log_history if "loss/policy_avg" in log]
@@ -370,3 +380,12 @@ def _check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, s
         raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
                         f"sample(model, prompts, num_generations) and on_optimizer_step(model).")
     return reward_funcs
+
+
+def zero_spread_message(step: int, num_generations: int, reward: float) -> str:
+    """What the console says the first time every group of a rollout has zero spread."""
+    return (f"rloo: at step {step} every prompt's {num_generations} completions got the same reward (mean reward "
+            f"{reward:.4g}), so every advantage is 0 and this rollout trains nothing. If it persists: the task is "
+            f"too easy or too hard for the model (pick prompts it solves sometimes), the reward may not "
+            f"discriminate (check it on a few completions), or raise num_generations or temperature for more "
+            f"varied completions; dynamic_sampling=True resamples prompts until groups differ.")

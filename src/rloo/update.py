@@ -24,6 +24,7 @@ from accelerate import Accelerator
 from .algo.kl import token_kl
 from .algo.logprobs import completion_logprobs
 from .algo.loss import PolicyLossOutput, clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
+from .algo.off_policy import off_policy_sequence_mask
 from .algo.prefix_logprobs import check_shared_prompt_model, shared_prompt_logprobs
 from .config import RLOOConfig
 from .metrics import step_metrics
@@ -33,7 +34,7 @@ from .rollout import Rollout
 logger = logging.getLogger(__name__)
 
 STEP_TOTALS = ("loss", "units", "clipped_low", "clipped_high", "ratio", "ratio_sq", "approxkl", "entropy", "tokens",
-               "kl_loss")
+               "kl_loss", "completions", "off_policy_masked")
 
 
 def mini_batches(rollout: Rollout, args: RLOOConfig) -> Iterator[Rollout]:
@@ -118,7 +119,8 @@ class Learner:
         summed = acc.reduce(torch.tensor([totals[n] for n in names], dtype=torch.float32, device=acc.device), "sum")
         totals = dict(zip(names, summed.tolist()))
         return step_metrics(totals, float(denominator) * acc.num_processes,
-                            with_kl_loss=args.kl_penalty == "loss" and args.beta > 0)
+                            with_kl_loss=args.kl_penalty == "loss" and args.beta > 0,
+                            with_off_policy_mask=args.off_policy_mask_threshold is not None)
 
     def loss_denominator(self, mini_batch: Rollout) -> torch.Tensor:
         """This process's share of the step's denominator: the global count / number of processes."""
@@ -142,7 +144,7 @@ class Learner:
         mask = micro.loss_mask()  # (b, C)
         # Used once, pi_old is the current policy detached (ratio 1, gradient of log pi).
         old_logps = logps.detach() if micro.old_logps is None else micro.old_logps
-        out, numerators, units = self.policy_loss(logps, old_logps, micro, mask)
+        out, numerators, units, masked = self.policy_loss(logps, old_logps, micro, mask)
 
         extra = torch.zeros_like(logps)  # (b, C) per-token terms aggregated like the policy loss
         kl_sum = 0.0
@@ -165,28 +167,44 @@ class Learner:
             "entropy": (entropy.detach() * mask).sum().item(),
             "tokens": mask.sum().item(),
             "kl_loss": kl_sum,
+            "completions": micro.trained.float().sum().item(),
+            "off_policy_masked": masked,
         }
         return numerators, stats
 
     def policy_loss(self, logps: torch.Tensor, old_logps: torch.Tensor, micro: Rollout,
-                    mask: torch.Tensor) -> tuple[PolicyLossOutput, torch.Tensor, torch.Tensor]:
-        """The clipped policy loss at the level the config asks for.
+                    mask: torch.Tensor) -> tuple[PolicyLossOutput, torch.Tensor, torch.Tensor, float]:
+        """The clipped policy loss at the level the config asks for, with off-policy sequence masking.
 
-        The default (seq-mean-token-sum with sequence or no KL) treats a completion as one action with
-        one ratio; every other mode, per-token advantages (kl_penalty="token") and truncated importance
-        weights (a sampler with its own log-probs) use per-token ratios.
+        The default (seq-mean-token-sum with sequence or no KL, importance_sampling_level unset) treats a
+        completion as one action with one ratio; every other mode, per-token advantages
+        (kl_penalty="token"), truncated importance weights (a sampler with its own log-probs) and an
+        explicit importance_sampling_level use per-token ratios (GSPO's sequence ratio on every token for
+        "sequence"). With off_policy_mask_threshold, masked completions' numerators are zeroed.
 
         Returns:
-            the loss output, (b,) per-completion numerators, and the units its statistics are over:
-            (b,) trained completions for the sequence ratio, (b, C) tokens otherwise.
+            the loss output, (b,) per-completion numerators, the units its statistics are over ((b,)
+            trained completions for the sequence ratio, (b, C) tokens otherwise), and the number of
+            trained completions the off-policy mask dropped.
         """
         args = self.args
-        if args.loss_agg_mode == "seq-mean-token-sum" and micro.token_advantages is None and micro.is_weights is None:
+        masked = 0.0
+        if (args.loss_agg_mode == "seq-mean-token-sum" and args.importance_sampling_level is None
+                and micro.token_advantages is None and micro.is_weights is None):
             out = clipped_sequence_loss((logps * mask).sum(dim=1), (old_logps * mask).sum(dim=1), micro.advantages,
                                         args.epsilon, args.epsilon_high)
-            return out, out.loss * micro.trained.float(), micro.trained.float()
-        advantages = micro.token_advantages if micro.token_advantages is not None else micro.advantages
-        out = clipped_token_loss(logps, old_logps, advantages, args.epsilon, args.epsilon_high)
-        # Truncated importance sampling: the sampler was not exactly pi_old (algo.importance).
-        token_loss = out.loss if micro.is_weights is None else out.loss * micro.is_weights
-        return out, reduce_to_sequences(token_loss, mask, args.loss_agg_mode, args.max_completion_length), mask
+            numerators, units = out.loss * micro.trained.float(), micro.trained.float()
+        else:
+            advantages = micro.token_advantages if micro.token_advantages is not None else micro.advantages
+            out = clipped_token_loss(logps, old_logps, advantages, args.epsilon, args.epsilon_high, mask,
+                                     args.importance_sampling_level or "token")
+            # Truncated importance sampling: the sampler was not exactly pi_old (algo.importance).
+            token_loss = out.loss if micro.is_weights is None else out.loss * micro.is_weights
+            numerators, units = reduce_to_sequences(token_loss, mask, args.loss_agg_mode, args.max_completion_length), mask
+        if args.off_policy_mask_threshold is not None:
+            sampler_logps = micro.sampler_logps if micro.sampler_logps is not None else old_logps
+            keep = off_policy_sequence_mask(micro.advantages, logps, sampler_logps, mask,
+                                            args.off_policy_mask_threshold)  # (b,)
+            numerators = numerators * keep
+            masked = ((1.0 - keep) * micro.trained.float()).sum().item()
+        return out, numerators, units, masked

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .off_policy import importance_log_ratio
+
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -90,8 +92,10 @@ def clipped_token_loss(
     advantages: torch.Tensor,
     epsilon: float,
     epsilon_high: float | None = None,
+    mask: torch.Tensor | None = None,
+    level: str = "token",
 ) -> PolicyLossOutput:
-    """PPO-clipped loss on every token, with the per-token ratio (GRPO style).
+    """PPO-clipped loss on every token, with the per-token ratio (GRPO style) or GSPO's sequence ratio.
 
     Args:
         logps: (B, T) token log-probs under the current policy (with grad).
@@ -99,13 +103,20 @@ def clipped_token_loss(
         advantages: (B,) one advantage per completion, broadcast over its tokens, or (B, T) per token.
         epsilon: lower clip range.
         epsilon_high: upper clip range; None means epsilon.
+        mask: (B, T) completion tokens; needed for level "sequence" (the mean runs over them).
+        level: "token", or "sequence" (every token gets its completion's length-normalised ratio,
+            `algo.off_policy.importance_log_ratio`).
 
     Returns:
         PolicyLossOutput with the (B, T) per-token loss (padding is not masked here).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logps)  # (B, T)
-    return _clipped_surrogate(logps - old_logps.detach(), advantages, epsilon, epsilon_high)
+    if level == "token":
+        return _clipped_surrogate(logps - old_logps.detach(), advantages, epsilon, epsilon_high)
+    if mask is None:
+        raise ValueError("clipped_token_loss at the sequence level needs the completion mask")
+    return _clipped_surrogate(importance_log_ratio(logps, old_logps, mask, level), advantages, epsilon, epsilon_high)
 
 
 def reduce_to_sequences(token_values: torch.Tensor, mask: torch.Tensor, mode: str, max_completion_length: int) -> torch.Tensor:

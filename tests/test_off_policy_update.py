@@ -1,0 +1,68 @@
+"""The importance-ratio level and off-policy sequence masking inside the learner's loss, by hand."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rloo import RLOOConfig, RLOOTrainer
+from rloo.update import Learner
+
+from conftest import digit_fraction
+
+LN = math.log
+
+
+def _loss(tmp_path, advantage=1.0, sampler_logps=None, **options):
+    args = RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, epsilon=0.2,
+                      max_completion_length=2, **options)
+    learner = Learner(args, None, None, None, None)
+    # One completion of two tokens: token ratios pi / pi_old = 2 and 0.5; their log-mean is 0 (GSPO ratio 1).
+    logps = torch.tensor([[LN(0.5), LN(0.2)]], requires_grad=True)
+    old = torch.tensor([[LN(0.25), LN(0.4)]])
+    micro = SimpleNamespace(advantages=torch.tensor([advantage]), token_advantages=None, is_weights=None,
+                            trained=torch.tensor([True]), sampler_logps=sampler_logps)
+    out, numerators, units, masked = learner.policy_loss(logps, old, micro, torch.ones(1, 2))
+    return numerators.item(), masked
+
+
+def test_ratio_levels_by_hand(tmp_path):
+    # Whole-completion ratio 2 * 0.5 = 1 (default): -A * 1 = -1.
+    assert _loss(tmp_path)[0] == pytest.approx(-1.0)
+    # Token ratios, A = 1 > 0: token 1 max(-2, -1.2) = -1.2, token 2 max(-0.5, -0.8) = -0.5; summed -1.7.
+    assert _loss(tmp_path, importance_sampling_level="token")[0] == pytest.approx(-1.7)
+    assert _loss(tmp_path, importance_sampling_level="token", loss_agg_mode="seq-mean-token-mean")[0] == \
+        pytest.approx(-0.85)
+    # GSPO: both tokens get the geometric-mean ratio 1, so no clip; token mean of -1, -1 = -1.
+    assert _loss(tmp_path, importance_sampling_level="sequence", loss_agg_mode="seq-mean-token-mean")[0] == \
+        pytest.approx(-1.0)
+    # The same two-token completion, A = -1: tokens max(2, 1.2) = 2 and max(0.5, 0.8) = 0.8; mean 1.4.
+    assert _loss(tmp_path, advantage=-1.0, importance_sampling_level="token",
+                 loss_agg_mode="seq-mean-token-mean")[0] == pytest.approx(1.4)
+
+
+def test_off_policy_mask_in_the_loss(tmp_path):
+    # Drift from the sampler: mean(log pi_s - log pi) = mean(ln(0.9/0.5), ln(0.9/0.2)) = 1.05 > 0.5.
+    drifted = torch.tensor([[LN(0.9), LN(0.9)]])
+    assert _loss(tmp_path, advantage=-1.0, sampler_logps=drifted, off_policy_mask_threshold=0.5) == (0.0, 1.0)
+    # A positive advantage is kept, and so is a negative one within the band (pi_old as the sampler:
+    # drift mean(ln(.25/.5), ln(.4/.2)) = 0).
+    assert _loss(tmp_path, advantage=1.0, sampler_logps=drifted, off_policy_mask_threshold=0.5) == \
+        pytest.approx((-1.0, 0.0))
+    assert _loss(tmp_path, advantage=-1.0, off_policy_mask_threshold=0.5) == pytest.approx((1.0, 0.0))
+
+
+def test_gspo_with_masking_trains_and_logs(tmp_path, make_model, tokenizer, digit_dataset):
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=6, learning_rate=3e-3, max_steps=4, logging_steps=1, save_steps=0,
+                      num_iterations=2, importance_sampling_level="sequence", loss_agg_mode="seq-mean-token-mean",
+                      off_policy_mask_threshold=0.01)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all(0.0 <= line["policy/off_policy_masked_frac"] <= 1.0 for line in lines)
+    assert lines[0]["policy/off_policy_masked_frac"] == 0.0  # the first pass is on-policy
+    assert all(math.isfinite(line["loss/policy_avg"]) for line in lines)
