@@ -35,6 +35,7 @@ from .config import ConfigError, RLOOConfig
 from .run_control import StopSignals, check_output_dir, prepare_output_dir, truncate_history
 from .data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
 from .data.schedule import PromptSchedule, select_rows
+from .dynamic_sampling import DynamicSampler
 from .generation.base import Sampler
 from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics
 from .rollout import Rollout, RolloutCollector, Samples
@@ -122,6 +123,7 @@ class RLOOTrainer:
         self.collector = RolloutCollector(args, acc, self.model, self.reference,
                                           self.tokenizer, self.sampler, self.reward_functions, self.reward_weights)
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
+        self.dynamic_sampler = DynamicSampler(args, acc, self.collector, train_dataset, self.tokenizer.pad_token_id)
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step = 0
         self.episode = 0
@@ -184,7 +186,7 @@ class RLOOTrainer:
 
         for rollout_index in range(start_rollout, self.num_rollouts):
             rows = select_rows(self.train_dataset, self.schedule.rows(rollout_index, acc.process_index))
-            rollout, samples = self.collect(rows)  # steps 1-4
+            rollout, samples, refill_stats = self._collect_rollout(rows, rollout_index)  # steps 1-4
             rollout_stats = rollout_metrics(rollout, acc, args.num_generations,
                                             [fn.name for fn in self.reward_functions])
             self._report_zero_spread(rollout_stats)
@@ -198,7 +200,7 @@ class RLOOTrainer:
                 self.global_step += 1
                 self.callback_handler.advance(self.global_step, self.epoch, self.episode)
                 control = self.callback_handler.event("on_step_end")
-                window.add({**rollout_stats, **samples.metrics, **step_stats})
+                window.add({**rollout_stats, **refill_stats, **samples.metrics, **step_stats})
                 progress.update(1)
                 progress.set_postfix(reward=f"{rollout_stats['reward']:.3f}")
 
@@ -293,6 +295,13 @@ class RLOOTrainer:
             tqdm.write(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
                        f"checkpoint saved to {path}. Resume with the same command and "
                        f"--resume_from_checkpoint latest (or trainer.train(resume_from_checkpoint='latest')).")
+
+    def _collect_rollout(self, rows: list[dict[str, Any]], rollout_index: int
+                         ) -> tuple[Rollout, Samples, dict[str, float]]:
+        """Steps 1-4, with dynamic sampling's extra rounds when it is on (and its metrics)."""
+        if not self.args.dynamic_sampling:
+            return *self.collect(rows), {}
+        return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)
 
     def collect(self, rows: list[dict[str, Any]]) -> tuple[Rollout, Samples]:
         """Steps 1-4 on one process's dataset rows: a scored, baselined rollout and its text."""
