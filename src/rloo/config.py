@@ -335,6 +335,15 @@ class RLOOConfig:
     """With dynamic_sampling: the most generation rounds per rollout, the first included, so at most
     (rounds - 1) * prompts_per_rollout extra prompts per process and rollout."""
 
+    async_rollouts: bool = False
+    """Generate rollout n+1 in a sampler thread, on its own copy of the weights, while the learner trains
+    on rollout n: every rollout is trained exactly steps_per_rollout optimizer steps after the weights it
+    was sampled from (staleness of one rollout), with pi_old from those weights and the clipped ratio.
+    One process, sampler "fast" or "generate", no dynamic_sampling. Off by default (docs/algorithm.md
+    has what it was measured to give)."""
+    async_rollout_timeout: float = 600.0
+    """With async_rollouts: seconds the learner waits for the sampler thread's rollout before raising."""
+
     # --- robustness (issue 11): output directory reuse and non-finite steps ---
     overwrite_output_dir: bool = False
     """Let a fresh run delete the checkpoints, metrics.jsonl and completions.jsonl an earlier run left in

@@ -170,6 +170,10 @@ def _check_off_policy(c: RLOOConfig) -> None:
     require(isinstance(c.dynamic_sampling_max_rounds, int) and c.dynamic_sampling_max_rounds >= 1,
             f"dynamic_sampling_max_rounds must be an integer >= 1 (generation rounds per rollout, the first "
             f"included), got {c.dynamic_sampling_max_rounds!r}.")
+    require(not c.async_rollouts or (c.sampler in ("fast", "generate") and not c.dynamic_sampling),
+            f"async_rollouts runs the sampler in a thread of the training process: it needs sampler 'fast' or "
+            f"'generate' (got {c.sampler!r}) and dynamic_sampling off (got {c.dynamic_sampling}).")
+    require(c.async_rollout_timeout > 0, f"async_rollout_timeout must be > 0 seconds, got {c.async_rollout_timeout!r}.")
     require(not (c.dynamic_sampling and c.num_generations < 2),
             "dynamic_sampling keeps groups whose completions' rewards differ; with num_generations=1 no group can. "
             "Raise num_generations or turn dynamic_sampling off.")

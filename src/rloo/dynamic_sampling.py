@@ -143,3 +143,12 @@ class DynamicSampler:
                  "dynamic_sampling/rounds": num_rounds / self.accelerator.num_processes,
                  "dynamic_sampling/zero_spread_kept": zero_kept}
         return concat_rollouts(parts, self.pad_token_id), select_samples([s for _, s, _ in rounds], picks), stats
+
+
+def zero_spread_message(step: int, num_generations: int, reward: float) -> str:
+    """What the console says the first time every group of a rollout has zero spread."""
+    return (f"rloo: at step {step} every prompt's {num_generations} completions got the same reward (mean reward "
+            f"{reward:.4g}), so every advantage is 0 and this rollout trains nothing. If it persists: the task is "
+            f"too easy or too hard for the model (pick prompts it solves sometimes), the reward may not "
+            f"discriminate (check it on a few completions), or raise num_generations or temperature for more "
+            f"varied completions; dynamic_sampling=True resamples prompts until groups differ.")

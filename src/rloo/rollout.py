@@ -116,6 +116,7 @@ class RolloutCollector:
     reward_functions: list[RewardFunction]
     reward_weights: list[float]
     trainer_state: Any = None  # what reward functions get as `trainer_state`; the trainer sets its TrainerState
+    keep_old_logps: bool = False  # keep pi_old even for one step per rollout (async rollouts train off-policy)
 
     @torch.no_grad()
     def collect(self, rows: list[dict[str, Any]], global_step: int = 0, episode: int = 0,
@@ -160,7 +161,7 @@ class RolloutCollector:
             prompt_mask=sampled.prompt_mask,
             completion_ids=sampled.completion_ids,
             completion_mask=sampled.completion_mask,
-            old_logps=old_logps if args.steps_per_rollout > 1 else None,
+            old_logps=old_logps if args.steps_per_rollout > 1 or self.keep_old_logps else None,
             ref_logps=ref_logps if args.kl_penalty == "loss" else None,
             raw_scores=raw_scores,
             scores=scores,
@@ -203,7 +204,7 @@ class RolloutCollector:
         args, mask = self.args, sampled.completion_mask
         old_logps = ref_logps = None
         token_kls = torch.zeros_like(mask, dtype=torch.float32)  # (B, C)
-        if args.beta > 0 or args.steps_per_rollout > 1 or from_engine:
+        if args.beta > 0 or args.steps_per_rollout > 1 or from_engine or self.keep_old_logps:
             old_logps = self.trusted_sampler_logprobs(sampled)
             if old_logps is None:  # the extra no-grad policy pass
                 old_logps = self.logprobs(self.accelerator.unwrap_model(self.model), sampled)

@@ -31,14 +31,15 @@ from transformers import PreTrainedModel
 
 from . import checkpoint, evaluation, setup, sharding, trainer_api
 from .allocator import return_large_buffers_to_os
+from .async_rollouts import AsyncRollouts
 from .config import ConfigError, RLOOConfig
-from .run_control import StopSignals, check_output_dir, prepare_output_dir, truncate_history
 from .data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
 from .data.schedule import PromptSchedule, select_rows
-from .dynamic_sampling import DynamicSampler
+from .dynamic_sampling import DynamicSampler, zero_spread_message
 from .generation.base import Sampler
 from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics
 from .rollout import Rollout, RolloutCollector, Samples
+from .run_control import StopSignals, check_output_dir, prepare_output_dir, truncate_history
 from .update import Learner, mini_batches
 
 
@@ -124,6 +125,10 @@ class RLOOTrainer:
                                           self.tokenizer, self.sampler, self.reward_functions, self.reward_weights)
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
         self.dynamic_sampler = DynamicSampler(args, acc, self.collector, train_dataset, self.tokenizer.pad_token_id)
+        if args.async_rollouts and acc.num_processes > 1:
+            raise ConfigError("async_rollouts runs in one process (its sampler thread takes no part in collective "
+                              "calls); launch one process or set async_rollouts=False.")
+        self.async_rollouts = AsyncRollouts(self.collector, args.async_rollout_timeout) if args.async_rollouts else None
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step = 0
         self.episode = 0
@@ -168,7 +173,11 @@ class RLOOTrainer:
         the current rollout's optimizer steps with a checkpoint (`self.stopped_by` names the signal).
         """
         with StopSignals() as self._signals:
-            return self._train(resume_from_checkpoint)
+            try:
+                return self._train(resume_from_checkpoint)
+            finally:
+                if self.async_rollouts is not None:
+                    self.async_rollouts.discard()
 
     def _train(self, resume_from_checkpoint: str | bool | None) -> trainer_api.TrainOutput:
         # The whole loop in one function (~60 lines), on purpose: it is the part a reader came for.
@@ -185,8 +194,7 @@ class RLOOTrainer:
         control = self.callback_handler.event("on_train_begin")
 
         for rollout_index in range(start_rollout, self.num_rollouts):
-            rows = select_rows(self.train_dataset, self.schedule.rows(rollout_index, acc.process_index))
-            rollout, samples, refill_stats = self._collect_rollout(rows, rollout_index)  # steps 1-4
+            rollout, samples, refill_stats = self._collect_rollout(self._rows(rollout_index), rollout_index)  # steps 1-4
             rollout_stats = rollout_metrics(rollout, acc, args.num_generations,
                                             [fn.name for fn in self.reward_functions])
             self._report_zero_spread(rollout_stats)
@@ -296,9 +304,16 @@ class RLOOTrainer:
                        f"checkpoint saved to {path}. Resume with the same command and "
                        f"--resume_from_checkpoint latest (or trainer.train(resume_from_checkpoint='latest')).")
 
+    def _rows(self, rollout_index: int) -> list[dict[str, Any]]:
+        """This process's dataset rows of rollout `rollout_index`."""
+        return select_rows(self.train_dataset, self.schedule.rows(rollout_index, self.accelerator.process_index))
+
     def _collect_rollout(self, rows: list[dict[str, Any]], rollout_index: int
                          ) -> tuple[Rollout, Samples, dict[str, float]]:
         """Steps 1-4, with dynamic sampling's extra rounds when it is on (and its metrics)."""
+        if self.async_rollouts is not None:  # the sampler thread, one rollout ahead
+            return *self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
+                                             self.num_rollouts), {}
         if not self.args.dynamic_sampling:
             return *self.collect(rows), {}
         return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)
@@ -389,12 +404,3 @@ def _check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, s
         raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
                         f"sample(model, prompts, num_generations) and on_optimizer_step(model).")
     return reward_funcs
-
-
-def zero_spread_message(step: int, num_generations: int, reward: float) -> str:
-    """What the console says the first time every group of a rollout has zero spread."""
-    return (f"rloo: at step {step} every prompt's {num_generations} completions got the same reward (mean reward "
-            f"{reward:.4g}), so every advantage is 0 and this rollout trains nothing. If it persists: the task is "
-            f"too easy or too hard for the model (pick prompts it solves sometimes), the reward may not "
-            f"discriminate (check it on a few completions), or raise num_generations or temperature for more "
-            f"varied completions; dynamic_sampling=True resamples prompts until groups differ.")
