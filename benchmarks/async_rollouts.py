@@ -14,6 +14,7 @@ with other work, compare runs taken together and repeat: the figures move with t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -23,7 +24,10 @@ from pathlib import Path
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.async_rollouts import AsyncRollouts
 from rloo.toy import addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
+
+WORKER = "process"
 
 
 def run(cache_dir: str, use_async: bool, seed: int, steps: int, eval_prompts: int, batch: int) -> dict:
@@ -37,6 +41,10 @@ def run(cache_dir: str, use_async: bool, seed: int, steps: int, eval_prompts: in
                             max_prompt_length=16, max_steps=steps, logging_steps=steps, save_steps=0,
                             async_rollouts=use_async)
         trainer = RLOOTrainer(model, exact_match_reward, args=config, train_dataset=train, processing_class=tokenizer)
+        if use_async:
+            import rloo.trainer
+
+            rloo.trainer.AsyncRollouts = functools.partial(AsyncRollouts, worker=WORKER)
         began = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - began
@@ -54,7 +62,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--cache_dir", default=str(Path(tempfile.gettempdir()) / "rloo-warm-start"))
     parser.add_argument("--out", default=None, help="JSON file for the raw numbers")
+    parser.add_argument("--worker", default="process", choices=("process", "thread"), help="where the sampler runs")
     options = parser.parse_args()
+    global WORKER
+    WORKER = options.worker
     torch.set_num_threads(options.threads)
     seeds = (0,) if options.quick else (0, 1)
     steps = options.steps or (10 if options.quick else 40)

@@ -1,5 +1,6 @@
 """Asynchronous rollouts: one rollout of staleness exactly, pi_old from the sampling weights, timeouts."""
 
+import functools
 import json
 import time
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.async_rollouts import RolloutTimeout
+from rloo.async_rollouts import AsyncRollouts, RolloutTimeout
 from rloo.config import ConfigError
 from rloo.generation import FastSampler
 
@@ -22,23 +23,31 @@ def _config(tmp_path, **overrides):
 
 
 class RecordingSampler(FastSampler):
-    """The fast sampler, noting a fingerprint of the weights it samples with."""
+    """The fast sampler, noting a fingerprint of the weights it samples with in a file (the sampler may run
+    in a child process)."""
 
-    def __init__(self, tokenizer, max_new_tokens):
+    def __init__(self, tokenizer, max_new_tokens, path):
         super().__init__(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=max_new_tokens)
-        self.seen = []
+        self.path = path
 
     def sample(self, model, prompts, num_generations):
-        self.seen.append(sum(p.double().sum().item() for p in model.parameters()))
+        with open(self.path, "a") as handle:
+            handle.write(f"{_fingerprint(model)!r}\n")
         return super().sample(model, prompts, num_generations)
+
+    def seen(self):
+        return [float(line) for line in open(self.path).read().splitlines()]
 
 
 def _fingerprint(model):
     return sum(p.double().sum().item() for p in model.parameters())
 
 
-def test_each_rollout_is_sampled_one_rollout_behind(tmp_path, make_model, tokenizer, digit_dataset):
-    sampler = RecordingSampler(tokenizer, 6)
+@pytest.mark.parametrize("worker", ["process", "thread"])
+def test_each_rollout_is_sampled_one_rollout_behind(tmp_path, make_model, tokenizer, digit_dataset, worker,
+                                                    monkeypatch):
+    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    sampler = RecordingSampler(tokenizer, 6, tmp_path / "seen.txt")
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
                           processing_class=tokenizer, sampler=sampler)
     weights = [_fingerprint(trainer.model)]  # W0, then W_r after rollout r's step (one step per rollout)
@@ -55,7 +64,7 @@ def test_each_rollout_is_sampled_one_rollout_behind(tmp_path, make_model, tokeni
     trainer.train()
     # Rollout 0 from W0 (on-policy), rollout r >= 1 from W_{r-1} while training from W_r: staleness one rollout.
     # The thread starts rollout 4 after rollout 3 too (max_steps cuts it), from W3.
-    assert sampler.seen[:4] == pytest.approx([weights[0], weights[0], weights[1], weights[2]], rel=0, abs=1e-9)
+    assert sampler.seen()[:4] == pytest.approx([weights[0], weights[0], weights[1], weights[2]], rel=0, abs=1e-9)
     assert weights[1] != weights[0] and all(trained_on)  # pi_old is always kept (from the sampling weights)
 
 
@@ -87,13 +96,20 @@ def test_unsupported_combinations_are_refused(tmp_path, options):
         _config(tmp_path, **options)
 
 
-def test_sampler_weights_are_a_copy(tmp_path, make_model, tokenizer, digit_dataset):
+@pytest.mark.parametrize("worker", ["process", "thread"])
+def test_sampler_weights_are_a_copy(tmp_path, make_model, tokenizer, digit_dataset, worker):
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
                           processing_class=tokenizer)
-    snapshot = trainer.async_rollouts.snapshot
-    assert all(not p.requires_grad for p in snapshot.parameters())
-    with torch.no_grad():
-        next(trainer.model.parameters()).add_(1.0)
-    assert _fingerprint(snapshot) != _fingerprint(trainer.model)
-    trainer.async_rollouts.sync_weights()
-    assert _fingerprint(snapshot) == _fingerprint(trainer.model)
+    rollouts = AsyncRollouts(trainer.collector, 60.0, worker=worker)
+    try:
+        snapshot = rollouts.snapshot
+        assert all(not p.requires_grad for p in snapshot.parameters())
+        with torch.no_grad():
+            next(trainer.model.parameters()).add_(1.0)
+        assert _fingerprint(snapshot) != _fingerprint(trainer.model)
+        rollouts.sync_weights()
+        assert _fingerprint(snapshot) == _fingerprint(trainer.model)
+        rollout, samples = rollouts.next(0, trainer._rows, 0, 0, num_rollouts=1)
+        assert rollout.old_logps is not None and len(samples.completions) == rollout.scores.numel() == 8
+    finally:
+        rollouts.close()

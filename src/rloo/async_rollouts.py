@@ -25,6 +25,8 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import multiprocessing
+import traceback
 from typing import Any, Callable
 
 import torch
@@ -36,17 +38,86 @@ class RolloutTimeout(RuntimeError):
     """The sampler thread did not deliver a rollout in time."""
 
 
-class AsyncRollouts:
-    """A sampler thread one rollout ahead of the learner, on its own copy of the weights."""
+class ThreadCollector:
+    """Runs `collector.collect` in one thread of this process."""
 
-    def __init__(self, collector: RolloutCollector, timeout_s: float) -> None:
+    def __init__(self, collector: RolloutCollector) -> None:
+        self.collector = collector
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rloo-sampler")
+
+    def submit(self, *arguments: Any) -> concurrent.futures.Future:
+        return self.executor.submit(self.collector.collect, *arguments)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _PipeResult:
+    """The one answer a forked sampler owes, read from its pipe (a Future's `done` and `result`)."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    def done(self) -> bool:
+        return self.connection.poll(0)
+
+    def result(self, timeout: float) -> tuple[Rollout, Samples]:
+        if not self.connection.poll(timeout):
+            raise concurrent.futures.TimeoutError()
+        status, payload = self.connection.recv()
+        if status == "error":
+            raise RuntimeError(f"the sampler process failed while collecting a rollout:\n{payload}")
+        return payload
+
+
+def _serve(collector: RolloutCollector, connection: Any) -> None:
+    """The forked sampler: collect a rollout for every (rows, global_step, episode) received; None ends."""
+    torch.set_num_threads(1)
+    while (request := connection.recv()) is not None:
+        try:
+            connection.send(("ok", collector.collect(*request)))
+        except Exception:  # the learner re-raises it with the child's traceback
+            connection.send(("error", traceback.format_exc()))
+
+
+class ForkedCollector:
+    """Runs `collector.collect` in a forked child process (its own core); the collector's model must
+    keep its weights in shared memory (`share_memory_()`) so that the parent can update them."""
+
+    def __init__(self, collector: RolloutCollector) -> None:
+        context = multiprocessing.get_context("fork")
+        self.connection, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(collector, child), daemon=True, name="rloo-sampler")
+        self.process.start()
+        child.close()
+
+    def submit(self, *arguments: Any) -> _PipeResult:
+        self.connection.send(arguments)
+        return _PipeResult(self.connection)
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=10)
+
+
+class AsyncRollouts:
+    """A sampler one rollout ahead of the learner, on its own copy of the weights: a forked process
+    ("process", its own core) or a thread of the training process ("thread")."""
+
+    def __init__(self, collector: RolloutCollector, timeout_s: float, worker: str = "process") -> None:
         policy = collector.accelerator.unwrap_model(collector.model)
         self.snapshot = copy.deepcopy(policy).eval().requires_grad_(False)  # the sampler's weights
-        self.collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True)
+        sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True)
+        if worker == "process":
+            for tensor in [*self.snapshot.parameters(), *self.snapshot.buffers()]:
+                tensor.share_memory_()  # written here, read by the child
+            self.runner: ThreadCollector | ForkedCollector = ForkedCollector(sampler_collector)
+        else:
+            self.runner = ThreadCollector(sampler_collector)
         self.policy = policy
         self.timeout_s = timeout_s
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rloo-sampler")
-        self.pending: concurrent.futures.Future | None = None
+        self.pending: Any = None
         self.pending_rollout = -1
 
     def sync_weights(self) -> None:
@@ -59,7 +130,7 @@ class AsyncRollouts:
 
     def submit(self, rollout_index: int, rows: list[dict[str, Any]], global_step: int, episode: int) -> None:
         """Start steps 1-4 of `rollout_index` in the thread."""
-        self.pending = self.executor.submit(self.collector.collect, rows, global_step, episode)
+        self.pending = self.runner.submit(rows, global_step, episode)
         self.pending_rollout = rollout_index
 
     def result(self, rollout_index: int) -> tuple[Rollout, Samples]:
@@ -93,5 +164,12 @@ class AsyncRollouts:
     def discard(self) -> None:
         """Wait for and drop a rollout under way (training ended before it was needed)."""
         if self.pending is not None:
-            concurrent.futures.wait([self.pending], timeout=self.timeout_s)
+            try:
+                self.pending.result(timeout=self.timeout_s)
+            except Exception:  # noqa: BLE001 - a rollout nobody will train on; its error does not matter
+                pass
             self.pending = None
+
+    def close(self) -> None:
+        """Stop the sampler (the process is killed; a thread finishes its rollout and ends)."""
+        self.runner.close()

@@ -128,7 +128,7 @@ class RLOOTrainer:
         if args.async_rollouts and acc.num_processes > 1:
             raise ConfigError("async_rollouts runs in one process (its sampler thread takes no part in collective "
                               "calls); launch one process or set async_rollouts=False.")
-        self.async_rollouts = AsyncRollouts(self.collector, args.async_rollout_timeout) if args.async_rollouts else None
+        self.async_rollouts: AsyncRollouts | None = None  # the sampler one rollout ahead, started by train()
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step = 0
         self.episode = 0
@@ -173,11 +173,15 @@ class RLOOTrainer:
         the current rollout's optimizer steps with a checkpoint (`self.stopped_by` names the signal).
         """
         with StopSignals() as self._signals:
+            if self.args.async_rollouts:
+                self.async_rollouts = AsyncRollouts(self.collector, self.args.async_rollout_timeout)
             try:
                 return self._train(resume_from_checkpoint)
             finally:
                 if self.async_rollouts is not None:
                     self.async_rollouts.discard()
+                    self.async_rollouts.close()
+                    self.async_rollouts = None
 
     def _train(self, resume_from_checkpoint: str | bool | None) -> trainer_api.TrainOutput:
         # The whole loop in one function (~60 lines), on purpose: it is the part a reader came for.
