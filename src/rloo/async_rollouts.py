@@ -1,21 +1,23 @@
 """Asynchronous rollouts: generate rollout n+1 while the learner trains on rollout n.
 
-With `async_rollouts`, a sampler thread owns a snapshot of the policy's weights (a copy of the
-unwrapped model, no grad) and runs steps 1-4 of the loop (`RolloutCollector.collect`: sample, score,
-pi_old, advantages) on it. The trainer's loop, one rollout ahead:
+With `async_rollouts`, a sampler owns a snapshot of the policy's weights (a copy of the unwrapped
+model, no grad) and runs steps 1-4 of the loop (`RolloutCollector.collect`: sample, score, pi_old,
+advantages) on it: on CPU a forked process with the snapshot in shared memory, so that it runs on its
+own core; on an accelerator a thread of the training process. The trainer's loop, one rollout ahead:
 
-    rollout r   <- wait for the thread (sampled from the snapshot of the weights after rollout r-2)
+    rollout r   <- wait for the sampler (sampled from the snapshot of the weights after rollout r-2)
     snapshot    <- the current weights (after rollout r-1's optimizer steps)
-    thread      <- start rollout r+1 on the snapshot
+    sampler     <- start rollout r+1 on the snapshot
     learner     <- the optimizer steps of rollout r
 
 So every rollout is trained exactly one rollout's optimizer steps (`steps_per_rollout`) after the weights
 it was sampled from: a staleness bounded by one rollout. The correction it needs: pi_old is always the
-sampling weights' log-probs (computed in the thread, on the snapshot), so the loss is the clipped
+sampling weights' log-probs (computed by the sampler, on the snapshot), so the loss is the clipped
 ratio pi / pi_old from the first step on (`epsilon`, `epsilon_high`), and off_policy_mask_threshold
-sees the drift. Python threads overlap here because torch releases the GIL inside its kernels; on
-CPU the sampler and the learner then share the cores. One process only, and only with the in-process
-samplers ("fast", "generate"): the thread must not take part in collective calls.
+sees the drift. A thread overlaps with the learner only where torch releases the GIL (inside kernels);
+a process needs a free core. One training process only, and only with the in-process samplers ("fast",
+"generate"): the sampler must not take part in collective calls. In the child, reward functions see
+`trainer_state` as it was when the sampler started (the global step and episode arrive per rollout).
 
 Every wait has a timeout (`async_rollout_timeout`) that raises naming what waited for what.
 """
@@ -105,8 +107,10 @@ class AsyncRollouts:
     """A sampler one rollout ahead of the learner, on its own copy of the weights: a forked process
     ("process", its own core) or a thread of the training process ("thread")."""
 
-    def __init__(self, collector: RolloutCollector, timeout_s: float, worker: str = "process") -> None:
+    def __init__(self, collector: RolloutCollector, timeout_s: float, worker: str | None = None) -> None:
         policy = collector.accelerator.unwrap_model(collector.model)
+        # A forked child cannot use CUDA the parent initialised: a process on CPU, a thread elsewhere.
+        worker = worker or ("process" if next(policy.parameters()).device.type == "cpu" else "thread")
         self.snapshot = copy.deepcopy(policy).eval().requires_grad_(False)  # the sampler's weights
         sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True)
         if worker == "process":
