@@ -66,3 +66,32 @@ def test_gspo_with_masking_trains_and_logs(tmp_path, make_model, tokenizer, digi
     assert len(lines) == 4 and all(0.0 <= line["policy/off_policy_masked_frac"] <= 1.0 for line in lines)
     assert lines[0]["policy/off_policy_masked_frac"] == 0.0  # the first pass is on-policy
     assert all(math.isfinite(line["loss/policy_avg"]) for line in lines)
+
+
+@pytest.mark.parametrize("mode,clip_min,expected", [
+    ("token_truncate", None, [2.0, 2.0, 1.0]),  # ratios 2, 3 capped at 2; padding 1
+    ("token_mask", None, [2.0, 0.0, 1.0]),
+    ("sequence_truncate", None, [2.0, 2.0, 1.0]),  # sequence ratio 6, capped at 2
+    ("sequence_mask", 0.5, [0.0, 0.0, 1.0]),  # 6 is outside [0.5, 2]
+])
+def test_engine_correction_modes_reach_the_rollout(tmp_path, mode, clip_min, expected):
+    from rloo.rollout import RolloutCollector
+
+    args = RLOOConfig(output_dir=str(tmp_path), vllm_importance_sampling_mode=mode,
+                      vllm_importance_sampling_clip_min=clip_min, vllm_importance_sampling_cap=2.0)
+    collector = RolloutCollector(args, None, None, None, None, None, [], [])
+    old = torch.log(torch.tensor([[0.5, 0.9, 0.2]]))
+    sampled = SimpleNamespace(logprobs=torch.log(torch.tensor([[0.25, 0.3, 0.4]])),
+                              completion_mask=torch.tensor([[1, 1, 0]]))
+    rollout = SimpleNamespace(mismatch=None, is_weights=None)
+    collector.correct_engine_mismatch(rollout, old, sampled)
+    assert rollout.is_weights[0].tolist() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("options", [dict(vllm_importance_sampling_mode="mask"),
+                                     dict(vllm_importance_sampling_clip_min=1.5)])
+def test_bad_engine_correction_settings_are_refused(tmp_path, options):
+    from rloo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="vllm_importance_sampling"):
+        RLOOConfig(output_dir=str(tmp_path), **options)

@@ -64,6 +64,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 NAN_POLICIES = ("skip", "stop")
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -312,7 +313,15 @@ class RLOOConfig:
     importance sampling (TIS); the loss then uses per-token ratios (as the per-token loss modes do).
     False trains as if the sampler were the policy. The mismatch is logged either way (sampler/*)."""
     vllm_importance_sampling_cap: float = 2.0
-    """The cap of the truncated importance-sampling ratio (TIS); must be >= 1."""
+    """The cap of the truncated importance-sampling ratio (TIS); must be >= 1. The upper end of the band
+    for the other vllm_importance_sampling_modes (TRL's vllm_importance_sampling_clip_max)."""
+    vllm_importance_sampling_mode: str = "token_truncate"
+    """How the sampler correction pi_old / pi_sampler is kept in its band [vllm_importance_sampling_clip_min,
+    vllm_importance_sampling_cap] (TRL's modes): "token_truncate" (each token's ratio clamped; TIS, the
+    default), "token_mask" (a token's weight is 0 outside the band), "sequence_truncate" / "sequence_mask"
+    (the same on the whole completion's ratio, one weight for all its tokens)."""
+    vllm_importance_sampling_clip_min: float | None = None
+    """The lower end of the sampler-correction band; None leaves it open (TRL's name)."""
 
     # --- beyond TRL's RLOO: the off-policy toolkit and dynamic sampling (docs/algorithm.md) ---
     importance_sampling_level: str | None = None

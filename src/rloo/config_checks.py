@@ -26,6 +26,7 @@ from .config import (
     MODEL_DTYPES,
     NAN_POLICIES,
     OPTIMIZERS,
+    SAMPLER_CORRECTION_MODES,
     SAMPLERS,
     TRUNCATE_PROMPTS,
     VLLM_MODES,
@@ -164,6 +165,12 @@ def _check_off_policy(c: RLOOConfig) -> None:
             "importance_sampling_level='sequence' (GSPO) gives every token of a completion the same length-normalised "
             "ratio; summing it over the tokens (loss_agg_mode='seq-mean-token-sum') would weigh long completions by "
             "their length. Set loss_agg_mode='seq-mean-token-mean' (GSPO) or 'token-mean'.")
+    require(c.vllm_importance_sampling_mode in SAMPLER_CORRECTION_MODES,
+            f"vllm_importance_sampling_mode must be one of {SAMPLER_CORRECTION_MODES}, "
+            f"got {c.vllm_importance_sampling_mode!r}.")
+    require(c.vllm_importance_sampling_clip_min is None or 0 <= c.vllm_importance_sampling_clip_min < 1,
+            f"vllm_importance_sampling_clip_min must be in [0, 1) (an on-policy ratio of 1 must stay in the band) or "
+            f"unset, got {c.vllm_importance_sampling_clip_min!r}.")
     require(c.off_policy_mask_threshold is None or c.off_policy_mask_threshold > 0,
             f"off_policy_mask_threshold must be > 0 (a mean per-token KL; e.g. 0.5) or unset, "
             f"got {c.off_policy_mask_threshold!r}.")

@@ -15,9 +15,10 @@ import torch
 from accelerate import Accelerator
 
 from .algo.advantages import compute_advantages, whiten
-from .algo.importance import mismatch_sums, truncated_importance_weights
+from .algo.importance import mismatch_sums
 from .algo.kl import kl_penalized_reward, token_kl, token_kl_advantages
 from .algo.logprobs import completion_logprobs
+from .algo.off_policy import sampler_correction_weights
 from .algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
 from .algo.shaping import shape_scores
 from .config import RLOOConfig
@@ -216,14 +217,17 @@ class RolloutCollector:
 
     def correct_engine_mismatch(self, rollout: Rollout, old_logps: torch.Tensor, sampled: SampledBatch) -> None:
         """Another engine sampled: log the gap between its log-probs and the trainer's (`mismatch`),
-        and with vllm_importance_sampling_correction weight each token by the capped ratio (TIS)."""
+        and with vllm_importance_sampling_correction weight each token by the ratio kept in its band
+        (`algo.off_policy.sampler_correction_weights`; the default is the capped token ratio, TIS)."""
         sampler_logps = sampled.logprobs.to(old_logps.device)
         cap = self.args.vllm_importance_sampling_cap
         rollout.mismatch = mismatch_sums(old_logps, sampler_logps, sampled.completion_mask, cap)
         if self.args.off_policy_mask_threshold is not None:
             rollout.sampler_logps = sampler_logps
         if self.args.vllm_importance_sampling_correction:
-            rollout.is_weights = truncated_importance_weights(old_logps, sampler_logps, sampled.completion_mask, cap)
+            rollout.is_weights = sampler_correction_weights(old_logps, sampler_logps, sampled.completion_mask,
+                                                            self.args.vllm_importance_sampling_mode,
+                                                            self.args.vllm_importance_sampling_clip_min, cap)
 
     def sample(self, prompts: list, num_generations: int | None = None) -> SampledBatch:
         """K completions of each prompt (num_generations for eval), cut after the first stop string
