@@ -95,3 +95,49 @@ def test_bad_engine_correction_settings_are_refused(tmp_path, options):
 
     with pytest.raises(ConfigError, match="vllm_importance_sampling"):
         RLOOConfig(output_dir=str(tmp_path), **options)
+
+
+class TruncatedEngineSampler:
+    """The fast sampler with top_k=3, reporting the log-probs of the truncated distribution it drew from
+    (what vLLM returns with processed_logprobs): a stand-in for an engine that filters."""
+
+    def __init__(self, tokenizer, top_k):
+        from rloo.generation import FastSampler
+
+        self.inner = FastSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=4, top_k=top_k)
+        self.top_k = top_k
+
+    def on_optimizer_step(self, model):
+        pass
+
+    @torch.no_grad()
+    def sample(self, model, prompts, num_generations):
+        from rloo.algo.off_policy import truncated_logprobs
+
+        batch = self.inner.sample(model, prompts, num_generations)
+        self.full = batch.logprobs.clone()  # the unfiltered log-probs the fast sampler reports
+        ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+        mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+        length = batch.completion_ids.shape[1]
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+        processed = truncated_logprobs(logits[:, -length - 1 : -1], batch.completion_ids, top_k=self.top_k)
+        batch.logprobs = self.processed = processed * batch.completion_mask
+        batch.logprobs_from_policy = False
+        return batch
+
+
+def test_a_filtering_engine_is_compared_on_its_own_support(tmp_path, make_model, tokenizer, digit_dataset):
+    args = RLOOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, beta=0.0,
+                      max_completion_length=4, max_steps=1, save_steps=0, top_k=3)
+    sampler = TruncatedEngineSampler(tokenizer, top_k=3)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset,
+                          processing_class=tokenizer, sampler=sampler)
+    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    tokens = rollout.completion_mask.sum()
+    # Same weights, so once both sides are on the kept set the ratio is 1 up to float error ...
+    assert rollout.mismatch[0] / rollout.mismatch[1] < 1e-4
+    assert rollout.is_weights[rollout.completion_mask.bool()].tolist() == pytest.approx([1.0] * int(tokens), abs=1e-4)
+    # ... where the unfiltered pi_old would have been off by the kept mass at every token (log S < 0).
+    mask = rollout.completion_mask.bool()
+    log_kept_mass = (sampler.full - sampler.processed)[mask]  # log pi(y) - log(pi(y) / S) = log S
+    assert (log_kept_mass < -0.01).all() and log_kept_mass.mean() < -0.1

@@ -17,8 +17,8 @@ from accelerate import Accelerator
 from .algo.advantages import compute_advantages, whiten
 from .algo.importance import mismatch_sums
 from .algo.kl import kl_penalized_reward, token_kl, token_kl_advantages
-from .algo.logprobs import completion_logprobs
-from .algo.off_policy import sampler_correction_weights
+from .algo.logprobs import completion_logprobs, position_ids_from_mask
+from .algo.off_policy import kept_log_mass, sampler_correction_weights
 from .algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
 from .algo.shaping import shape_scores
 from .config import RLOOConfig
@@ -220,6 +220,10 @@ class RolloutCollector:
         and with vllm_importance_sampling_correction weight each token by the ratio kept in its band
         (`algo.off_policy.sampler_correction_weights`; the default is the capped token ratio, TIS)."""
         sampler_logps = sampled.logprobs.to(old_logps.device)
+        if self.args.top_k > 0 or self.args.top_p < 1:
+            # The engine's log-probs are over its kept set (vLLM's processed_logprobs); put pi_old on the same
+            # support, or every ratio carries the kept mass pi_old(S) (TRL issue 6789).
+            old_logps = old_logps - self.kept_log_mass(sampled).to(old_logps.device)
         cap = self.args.vllm_importance_sampling_cap
         rollout.mismatch = mismatch_sums(old_logps, sampler_logps, sampled.completion_mask, cap)
         if self.args.off_policy_mask_threshold is not None:
@@ -228,6 +232,24 @@ class RolloutCollector:
             rollout.is_weights = sampler_correction_weights(old_logps, sampler_logps, sampled.completion_mask,
                                                             self.args.vllm_importance_sampling_mode,
                                                             self.args.vllm_importance_sampling_clip_min, cap)
+
+    def kept_log_mass(self, sampled: SampledBatch) -> torch.Tensor:
+        """(B, C) log pi_old(S) at every completion position: the log of the mass the policy puts on the set a
+        top_k / top_p sampler keeps there (`algo.off_policy.kept_log_mass`). One no-grad pass with full logits,
+        in micro-batches of per_device_train_batch_size rows; run only when a filter is set and an engine sampled."""
+        args, model = self.args, self.accelerator.unwrap_model(self.model)
+        completion_length, size = sampled.completion_ids.shape[1], args.per_device_train_batch_size
+        input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)  # (B, P + C)
+        attention_mask = torch.cat([sampled.prompt_mask, sampled.completion_mask], dim=1)
+        chunks = []
+        with self.accelerator.autocast():
+            for start in range(0, input_ids.shape[0], size):
+                rows = slice(start, start + size)
+                logits = model(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
+                               position_ids=position_ids_from_mask(attention_mask[rows]),
+                               logits_to_keep=completion_length + 1).logits[:, :-1]  # (b, C, V)
+                chunks.append(kept_log_mass(logits.float() / args.temperature, args.top_k, args.top_p))
+        return torch.cat(chunks) * sampled.completion_mask
 
     def sample(self, prompts: list, num_generations: int | None = None) -> SampledBatch:
         """K completions of each prompt (num_generations for eval), cut after the first stop string
