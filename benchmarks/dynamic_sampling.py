@@ -4,8 +4,8 @@
     PYTHONPATH=src python benchmarks/dynamic_sampling.py --quick    # 1 seed, fewer steps (a check)
 
 The warm-started addition model (held-out greedy accuracy about 0.37, `rloo.toy.warm_started_addition_model`)
-trained with the binary exact-match reward, K=4, 64 completions per step, lr 3e-5: many groups are all wrong or all right and so have
-zero spread. Each run trains the same number of optimizer steps with dynamic_sampling off and on
+trained with the binary exact-match reward, K=4, 64 completions per step, lr 3e-5: many groups are all
+wrong or all right and so have zero spread. Each run trains the same number of optimizer steps with dynamic_sampling off and on
 (dynamic_sampling_max_rounds=4) and measures held-out greedy accuracy every `eval_every` steps. It
 prints, per setting and seed: the accuracy curve, the first step reaching `--target`, the completions
 generated (dynamic sampling generates more per step) and the wall time; and writes the raw numbers to
