@@ -141,3 +141,32 @@ def test_a_filtering_engine_is_compared_on_its_own_support(tmp_path, make_model,
     mask = rollout.completion_mask.bool()
     log_kept_mass = (sampler.full - sampler.processed)[mask]  # log pi(y) - log(pi(y) / S) = log S
     assert (log_kept_mass < -0.01).all() and log_kept_mass.mean() < -0.1
+
+
+class ShiftedEngineSampler(TruncatedEngineSampler):
+    """The fast sampler reporting the policy's own log-probs + `shift` as an engine's."""
+
+    def __init__(self, tokenizer, shift):
+        super().__init__(tokenizer, top_k=0)
+        self.shift = shift
+
+    @torch.no_grad()
+    def sample(self, model, prompts, num_generations):
+        batch = super().sample(model, prompts, num_generations)
+        batch.logprobs = (self.full + self.shift) * batch.completion_mask
+        return batch
+
+
+def test_engine_drift_masks_the_negative_samples(tmp_path, make_model, tokenizer, digit_dataset):
+    # The engine's log-probs sit 1 nat above the policy's: a drift of 1 > delta 0.5 on every completion,
+    # so exactly the completions with a negative advantage are masked.
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8, beta=0.0,
+                      max_completion_length=4, max_steps=1, save_steps=0, logging_steps=1, off_policy_mask_threshold=0.5,
+                      vllm_importance_sampling_correction=False)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset,
+                          processing_class=tokenizer, sampler=ShiftedEngineSampler(tokenizer, 1.0))
+    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    negative = float(((rollout.advantages < 0) & rollout.trained).sum()) / float(rollout.trained.sum())
+    assert rollout.sampler_logps is not None and negative > 0
+    stats = trainer.learner.step(rollout)
+    assert stats["policy/off_policy_masked_frac"] == pytest.approx(negative)
