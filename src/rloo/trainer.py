@@ -38,6 +38,7 @@ from .data.schedule import PromptSchedule, select_rows
 from .dynamic_sampling import DynamicSampler, zero_spread_message
 from .generation.base import Sampler
 from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics
+from .rewards.reward_model import RewardModel
 from .rollout import Rollout, RolloutCollector, Samples
 from .run_control import StopSignals, check_output_dir, prepare_output_dir, truncate_history
 from .update import Learner, mini_batches
@@ -138,11 +139,23 @@ class RLOOTrainer:
         self.stopped_by: str | None = None  # the signal that stopped train() early, if any
         self._claimed_output_dir = False
         self._attach_callbacks(callbacks)
+        self._expose_trl_attributes()
+
+    def _expose_trl_attributes(self) -> None:
+        """The attributes TRL's trainer has that scripts and callbacks read: the reference model (None
+        when beta is 0 or under LoRA), the reward functions with reward models as their models, each
+        one's tokenizer (None for plain functions), and whether a MoE router loss is added (it is not)."""
+        self.ref_model = self.reference
+        self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func
+                             for fn in self.reward_functions]
+        self.reward_processing_classes = [fn.func.tokenizer if isinstance(fn.func, RewardModel) else None
+                                          for fn in self.reward_functions]
+        self.aux_loss_enabled = False
 
     def _check_prompts(self, train_dataset: Any, eval_dataset: Any) -> None:
         """Every dataset has usable prompts of an acceptable length (eval_dataset may be a dict)."""
         args = self.args
-        eval_sets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("", eval_dataset)]
+        eval_sets = trainer_api.named_eval_sets(eval_dataset) if eval_dataset is not None else []
         for dataset, name in ((train_dataset, "train_dataset"),
                               *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
             if dataset is not None:
@@ -187,6 +200,7 @@ class RLOOTrainer:
         # The whole loop in one function (~60 lines), on purpose: it is the part a reader came for.
         args, acc = self.args, self.accelerator
         start_rollout = self._resume(resume_from_checkpoint)
+        train_start, start_episode, start_step = time.perf_counter(), self.episode, self.global_step
         self.logger.start(args.to_dict(), args.run_name)
         self.model.train()
         window = MetricsWindow()
@@ -243,6 +257,8 @@ class RLOOTrainer:
         if self.eval_dataset is not None:
             last_metrics.update(self._log_eval())
         self.save_model(args.output_dir)
+        last_metrics.update(self._log_closing(time.perf_counter() - train_start, self.episode - start_episode,
+                                              self.global_step - start_step))
         self.callback_handler.event("on_train_end")
         acc.end_training()
         return trainer_api.TrainOutput(self.global_step, self._training_loss(), last_metrics)
@@ -254,6 +270,16 @@ class RLOOTrainer:
         self._reported_zero_spread = True
         if self.accelerator.is_main_process:
             tqdm.write(zero_spread_message(self.global_step, self.args.num_generations, rollout_stats["reward"]))
+
+    def _log_closing(self, runtime: float, episodes: int, steps: int) -> dict[str, float]:
+        """The entry transformers' Trainer closes log_history with (train_runtime, train_samples_per_second,
+        train_steps_per_second, train_loss, epoch); it reaches callbacks' on_log but not rloo's metric files."""
+        closing = {"train_runtime": round(runtime, 4),
+                   "train_samples_per_second": round(episodes / max(runtime, 1e-9), 3),
+                   "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
+                   "total_flos": 0.0, "train_loss": self._training_loss(), "epoch": self.epoch}
+        self.callback_handler.log(closing, self.global_step)
+        return closing
 
     def _training_loss(self) -> float:
         losses = [log["loss/policy_avg"] for log in self.state.log_history if "loss/policy_avg" in log]
@@ -348,15 +374,21 @@ class RLOOTrainer:
         eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if eval_dataset is None:
             raise ConfigError("evaluate() needs an eval_dataset.")
-        named = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+        num_generations = self.args.num_generations_eval or self.args.num_generations
         metrics: dict[str, float] = {}
-        for name, dataset in named:
+        for name, dataset in trainer_api.named_eval_sets(eval_dataset):
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
             metrics.update(evaluation.evaluate(self.collector, dataset, [fn.name for fn in self.reward_functions],
-                                              self.args.num_generations_eval or self.args.num_generations,
-                                              self.args.prompts_per_step, self.global_step, prefix=f"{prefix}/"))
+                                              num_generations, self._eval_prompts_per_batch(num_generations),
+                                              self.global_step, prefix=f"{prefix}/"))
         self.callback_handler.event("on_evaluate", metrics=metrics)
         return metrics
+
+    def _eval_prompts_per_batch(self, num_generations: int) -> int:
+        """Prompts sampled together in evaluation: per_device_eval_batch_size completions when it was given
+        (whole groups, at least one), else the training step's prompts."""
+        given = self.args.__dict__.get("_trl_values", {}).get("per_device_eval_batch_size")
+        return self.args.prompts_per_step if given is None else max(1, given // num_generations)
 
     def _log_eval(self) -> dict[str, float]:
         """Evaluate and log once per step: the last step's eval is not repeated after the loop."""
@@ -402,8 +434,8 @@ def _check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, s
         if not (callable(func) or isinstance(func, (str, torch.nn.Module))):
             raise ConfigError(f"reward_funcs holds {func!r} ({type(func).__name__}); each entry must be a function "
                               f"f(prompts, completions, **columns), a reward model, or a reward model's path.")
-    if train_dataset is None:
-        raise ConfigError("RLOOTrainer needs a train_dataset with a 'prompt' column.")
+    if train_dataset is None:  # TRL's wording first: user code may match it
+        raise ConfigError("`train_dataset` is required: RLOOTrainer needs a train_dataset with a 'prompt' column.")
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
                         f"sample(model, prompts, num_generations) and on_optimizer_step(model).")

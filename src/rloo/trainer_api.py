@@ -110,6 +110,20 @@ def take_rows(dataset: Any, name: str, needed: int | None) -> Any:
     return Dataset.from_list(rows)
 
 
+def named_eval_sets(eval_dataset: Any) -> list[tuple[str | None, Any]]:
+    """[(name, Dataset)] of an eval set: a Dataset, an IterableDataset (read to its end: eval sets are
+    finite), or a dict of them (DatasetDict and IterableDatasetDict included), each named by its key."""
+    named = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+    out = []
+    for name, dataset in named:
+        if not (hasattr(dataset, "__len__") and getattr(dataset, "column_names", None) is not None):
+            from datasets import Dataset
+
+            dataset = Dataset.from_list(list(dataset))
+        out.append((name, dataset))
+    return out
+
+
 def write_model_card(output_dir: str | Path, args: Any, model_name: str | None, dataset_name: str | None = None,
                      tags: Sequence[str] = ()) -> Path:
     """README.md in `output_dir`: Hub metadata, how the model was trained, and how to cite RLOO."""

@@ -78,6 +78,24 @@ NO_DATALOADER = "rloo has no DataLoader: prompts are picked by a seeded schedule
 NO_PREDICT = "rloo's evaluation samples and scores completions; there are no labels or predictions to gather"
 
 
+DATALOADER_OPTIONS = ("dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking")
+
+
+def _dataloader_only(value: Any) -> bool:
+    """An accelerator_config (dict or transformers' AcceleratorConfig) that sets only DataLoader options."""
+    if value is None:
+        return True
+    if not isinstance(value, dict):
+        value = {k: v for k, v in vars(value).items() if v is not None} if hasattr(value, "__dict__") else None
+    if value is None:
+        return False
+    others = sorted(set(value) - set(DATALOADER_OPTIONS))
+    if others:
+        raise TRLFieldError(f"accelerator_config keys {others}: {ACCELERATE}. Instead: {ACCELERATE_INSTEAD}. "
+                            f"Only {list(DATALOADER_OPTIONS)} are accepted (rloo has no DataLoader for them to change).")
+    return True
+
+
 def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -255,8 +273,9 @@ TRL_FIELDS: dict[str, Answer] = {
     "eval_steps": mapped(None, "None keeps 0 (evaluate only at the end)", _none_to_default("eval_steps")),
     "eval_delay": refused(0, "evaluation starts with the run", "eval_steps"),
     "eval_on_start": not_yet(False, "evaluating before the first step", "call trainer.evaluate() before train()"),
-    "per_device_eval_batch_size": not_yet(8, "a separate eval batch size (eval runs in training-sized groups)",
-                                          "per_device_train_batch_size"),
+    "per_device_eval_batch_size": accepted(8, "evaluation samples per_device_eval_batch_size completions at a time "
+                                           "(whole groups of num_generations_eval; at least one group)",
+                                           ok=lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
     "prediction_loss_only": refused(False, NO_PREDICT, "leave it unset"),
     "eval_do_concat_batches": refused(True, NO_PREDICT, "leave it unset"),
     "eval_use_gather_object": refused(False, NO_PREDICT, "leave it unset"),
@@ -282,7 +301,8 @@ TRL_FIELDS: dict[str, Answer] = {
     "hub_always_push": accepted(False, "used by trainer.push_to_hub()"),
     "hub_revision": accepted(None, "used by trainer.push_to_hub()"),
     # --- distributed ---
-    "accelerator_config": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
+    "accelerator_config": accepted(None, "only its DataLoader options (" + ", ".join(DATALOADER_OPTIONS) + "), "
+                                   "which change nothing in rloo: " + NO_DATALOADER, ok=lambda v: _dataloader_only(v)),
     "parallelism_config": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
     "fsdp": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
     "fsdp_config": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
@@ -297,7 +317,8 @@ TRL_FIELDS: dict[str, Answer] = {
     "skip_memory_metrics": accepted(True, "rloo reports no memory metrics"),
     # --- data ---
     "dataloader_drop_last": accepted(False, "rloo always drops an incomplete last batch of an epoch (whole groups only)"),
-    "dataloader_num_workers": refused(0, NO_DATALOADER, "leave it unset"),
+    "dataloader_num_workers": accepted(0, NO_DATALOADER + "; prompts are read in the main process",
+                                       ok=lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
     "dataloader_pin_memory": accepted(True, NO_DATALOADER),
     "dataloader_persistent_workers": refused(False, NO_DATALOADER, "leave it unset"),
     "dataloader_prefetch_factor": refused(None, NO_DATALOADER, "leave it unset"),

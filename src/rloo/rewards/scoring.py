@@ -178,9 +178,11 @@ def score_completions(
     weighted = torch.where(scored, per_function, torch.zeros_like(per_function)) * torch.tensor(weights, dtype=torch.float32)
     _check_float32(reward_functions, per_function, weighted, weights, arguments, step)
     if not scored.any():
-        logger.warning("step %d: every reward function returned None for every one of the %d completions; "
+        # TRL's sentence first (scripts may match it), then what it means here.
+        logger.warning("All reward functions returned None for the following kwargs:\n%s\n"
+                       "step %d: every reward function returned None for every one of the %d completions; "
                        "their scores are 0 and this batch teaches nothing. Check that the rewards apply to "
-                       "this dataset.", step, num_completions)
+                       "this dataset.", _describe_sample(arguments, 0), step, num_completions)
     return ScoredBatch(scores=weighted.sum(dim=1), per_function=per_function, valid=scored.any(dim=1))
 
 

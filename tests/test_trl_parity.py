@@ -1,0 +1,107 @@
+"""What TRL's own RLOOTrainer tests rely on (benchmarks/trl_suite.py runs them): the closing log entry,
+TRL's attributes, the eval sets TRL takes, and the TRL options that rloo accepts."""
+
+import logging
+
+import pytest
+from datasets import Dataset, DatasetDict, IterableDatasetDict
+
+from rloo import RLOOConfig, RLOOTrainer
+
+from conftest import digit_fraction
+
+
+def _config(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+                  max_completion_length=4, learning_rate=3e-3, beta=0.0, max_steps=2, logging_steps=1,
+                  save_steps=0, seed=0, report_to="none")
+    return RLOOConfig(**{**values, **overrides})
+
+
+def _eval_split(digit_dataset, iterable):
+    split = digit_dataset.select(range(6))
+    return split.to_iterable_dataset() if iterable else split
+
+
+def test_missing_train_dataset_keeps_trl_wording(tmp_path, make_model):
+    with pytest.raises(ValueError, match="`train_dataset` is required") as error:
+        RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path))
+    assert "'prompt' column" in str(error.value)
+
+
+def test_trl_attributes(tmp_path, make_model, tokenizer, digit_dataset):
+    def plain(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    trainer = RLOOTrainer(make_model(), [plain, digit_fraction], args=_config(tmp_path, beta=0.1),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    assert trainer.reward_funcs == [plain, digit_fraction]
+    assert trainer.reward_processing_classes == [None, None]
+    assert trainer.ref_model is trainer.reference and trainer.ref_model is not None
+    assert trainer.aux_loss_enabled is False
+    no_ref = RLOOTrainer(make_model(), plain, args=_config(tmp_path, beta=0.0), train_dataset=digit_dataset,
+                         processing_class=tokenizer)
+    assert no_ref.ref_model is None
+
+
+@pytest.mark.parametrize("kind", ["dataset", "iterable", "dataset_dict", "iterable_dict", "dict_of_iterable"])
+def test_eval_sets_trl_takes(tmp_path, make_model, tokenizer, digit_dataset, kind):
+    split = _eval_split(digit_dataset, "iterable" in kind)
+    eval_dataset = {"dataset": split, "iterable": split,
+                    "dataset_dict": DatasetDict({"a": split, "b": split}),
+                    "iterable_dict": IterableDatasetDict({"a": split, "b": split}),
+                    "dict_of_iterable": {"a": split, "b": split}}[kind]
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
+                          processing_class=tokenizer, eval_dataset=eval_dataset)
+    assert trainer.eval_dataset is eval_dataset  # kept as given
+    metrics = trainer.evaluate()
+    if kind in ("dataset", "iterable"):
+        assert "eval/reward" in metrics
+    else:
+        assert "eval_a/reward" in metrics and "eval_b/reward" in metrics
+    # an iterable passed to evaluate() directly works too (no len() on it)
+    assert "eval/reward" in trainer.evaluate(_eval_split(digit_dataset, True))
+
+
+def test_per_device_eval_batch_size_sets_the_eval_chunk(tmp_path, make_model, tokenizer, digit_dataset):
+    calls = []
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_eval_batch_size=8),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    sample = trainer.collector.sample
+    trainer.collector.sample = lambda prompts, k: calls.append(len(prompts)) or sample(prompts, k)
+    trainer.evaluate(digit_dataset.select(range(6)))
+    assert calls == [2, 2, 2]  # 8 completions = 2 prompts of 4 at a time
+    calls.clear()
+    trainer.args = _config(tmp_path, per_device_eval_batch_size=1)  # fewer than a group: one group at a time
+    trainer.evaluate(digit_dataset.select(range(3)))
+    assert calls == [1, 1, 1]
+
+
+def test_dataloader_options_are_accepted(tmp_path):
+    args = _config(tmp_path, dataloader_num_workers=4, accelerator_config={"dispatch_batches": False})
+    assert args.dataloader_num_workers == 4 and args.accelerator_config == {"dispatch_batches": False}
+    with pytest.raises(ValueError, match="split_batches"):
+        _config(tmp_path, accelerator_config={"split_batches": True})
+    with pytest.raises(ValueError, match="dataloader_num_workers"):
+        _config(tmp_path, dataloader_num_workers=-1)
+
+
+def test_all_none_rewards_warn_in_trl_words(tmp_path, make_model, tokenizer, digit_dataset, caplog):
+    def never(completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = RLOOTrainer(make_model(), never, args=_config(tmp_path, max_steps=1), train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert "All reward functions returned None for the following kwargs:" in caplog.text
+    assert "returned None for every one" in caplog.text
+
+
+def test_closing_entry_has_trl_keys(tmp_path, make_model, tokenizer, digit_dataset):
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=Dataset.from_list(
+        list(digit_dataset)), processing_class=tokenizer)
+    out = trainer.train()
+    closing = trainer.state.log_history[-1]
+    assert closing["train_loss"] == out.training_loss and closing["step"] == 2
+    assert closing["epoch"] == pytest.approx(trainer.epoch) and closing["train_runtime"] > 0
