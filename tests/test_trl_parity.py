@@ -105,3 +105,59 @@ def test_closing_entry_has_trl_keys(tmp_path, make_model, tokenizer, digit_datas
     closing = trainer.state.log_history[-1]
     assert closing["train_loss"] == out.training_loss and closing["step"] == 2
     assert closing["epoch"] == pytest.approx(trainer.epoch) and closing["train_runtime"] > 0
+
+
+def test_reference_mix_by_hand():
+    import torch
+
+    from rloo.algo.reference_sync import mixed, sync_reference
+
+    ref, pol = torch.tensor([1.0, -2.0, 4.0]), torch.tensor([3.0, 2.0, 0.0])
+    # (1 - 0.25) * ref + 0.25 * pol, element by element: 0.75 + 0.75, -1.5 + 0.5, 3 + 0
+    assert mixed(ref, pol, 0.25).tolist() == [1.5, -1.0, 3.0]
+    assert mixed(ref, pol, 0.0).tolist() == ref.tolist() and mixed(ref, pol, 1.0).tolist() == pol.tolist()
+    reference, policy = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    expected = {n: [(1 - 0.6) * r + 0.6 * p for r, p in zip(rp.flatten().tolist(), pp.flatten().tolist())]
+                for (n, rp), (_, pp) in zip(reference.named_parameters(), policy.named_parameters())}
+    assert sync_reference(reference, policy, 0.6) == 2
+    for name, param in reference.named_parameters():
+        assert param.flatten().tolist() == pytest.approx(expected[name])
+
+
+def test_sync_ref_model_moves_the_reference_on_its_steps(tmp_path, make_model, tokenizer, digit_dataset):
+    import torch
+
+    args = _config(tmp_path, beta=0.1, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.5,
+                   max_steps=3, learning_rate=0.05)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    seen = []
+
+    class Watch:
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append({n: p.detach().clone() for n, p in trainer.ref_model.named_parameters()})
+
+    before = {n: p.detach().clone() for n, p in trainer.ref_model.named_parameters()}
+    policy_at = {}
+    original = trainer._sync_reference
+
+    def record():
+        policy_at[trainer.global_step] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        original()
+
+    trainer._sync_reference = record
+    trainer.callback_handler.add_callback(Watch())
+    trainer.train()
+    # step 1: untouched; step 2: half way to the policy of step 2; step 3: untouched since step 2
+    assert all(torch.equal(seen[0][n], before[n]) for n in before)
+    for n in before:
+        expected = (0.5 * before[n].float() + 0.5 * policy_at[2][n].float()).to(before[n].dtype)
+        assert torch.allclose(seen[1][n], expected) and torch.equal(seen[2][n], seen[1][n])
+
+
+def test_sync_ref_model_needs_a_reference(tmp_path, make_model, tokenizer, digit_dataset):
+    with pytest.raises(ValueError, match="needs a reference model"):
+        RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, beta=0.0, sync_ref_model=True),
+                    train_dataset=digit_dataset, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="ref_model_mixup_alpha"):
+        _config(tmp_path, ref_model_mixup_alpha=1.5)

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from . import checkpoint, evaluation, setup, sharding, trainer_api
+from .algo import reference_sync
 from .allocator import return_large_buffers_to_os
 from .async_rollouts import AsyncRollouts
 from .config import ConfigError, RLOOConfig
@@ -140,6 +141,7 @@ class RLOOTrainer:
         self._claimed_output_dir = False
         self._attach_callbacks(callbacks)
         self._expose_trl_attributes()
+        self._check_reference_sync()
 
     def _expose_trl_attributes(self) -> None:
         """The attributes TRL's trainer has that scripts and callbacks read: the reference model (None
@@ -151,6 +153,25 @@ class RLOOTrainer:
         self.reward_processing_classes = [fn.func.tokenizer if isinstance(fn.func, RewardModel) else None
                                           for fn in self.reward_functions]
         self.aux_loss_enabled = False
+
+    def _check_reference_sync(self) -> None:
+        """sync_ref_model (TR-DPO) moves a separate reference copy toward the policy: it needs one."""
+        if not self.args.sync_ref_model:
+            return
+        if self.reference is None:
+            raise ConfigError("sync_ref_model=True needs a reference model to sync, and this run has none: beta=0 "
+                              "(no KL) or a peft_config (the reference is the policy with adapters off). Set beta > 0 "
+                              "and train without LoRA, or leave sync_ref_model False.")
+        if sharding.zero_stage(self.accelerator) == 3:
+            raise ConfigError("sync_ref_model=True is not available under DeepSpeed ZeRO-3 in rloo; use FSDP2 or "
+                              "ZeRO-2, or leave sync_ref_model False.")
+
+    def _sync_reference(self) -> None:
+        """Every ref_model_sync_steps optimizer steps: reference <- (1 - alpha) * reference + alpha * policy."""
+        args = self.args
+        if args.sync_ref_model and self.global_step % args.ref_model_sync_steps == 0:
+            reference_sync.sync_reference(self.accelerator.unwrap_model(self.reference),
+                                          self.accelerator.unwrap_model(self.model), args.ref_model_mixup_alpha)
 
     def _check_prompts(self, train_dataset: Any, eval_dataset: Any) -> None:
         """Every dataset has usable prompts of an acceptable length (eval_dataset may be a dict)."""
@@ -224,6 +245,7 @@ class RLOOTrainer:
                 step_stats = self.learner.step(mini_batch)
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
+                self._sync_reference()
                 self.callback_handler.advance(self.global_step, self.epoch, self.episode)
                 control = self.callback_handler.event("on_step_end")
                 window.add({**rollout_stats, **refill_stats, **samples.metrics, **step_stats})

@@ -354,9 +354,13 @@ TRL_FIELDS: dict[str, Answer] = {
         ("vllm_model_impl", "vllm"), ("vllm_structured_outputs_regex", None), ("vllm_group_port", 51216),
         ("vllm_max_model_length", None))},
     # --- TRL RLOOConfig: reference model and logging ---
-    "sync_ref_model": not_yet(False, "syncing the reference with the policy (TR-DPO)", "leave it False"),
-    "ref_model_mixup_alpha": not_yet(0.6, "syncing the reference with the policy (TR-DPO)", "leave it unset"),
-    "ref_model_sync_steps": not_yet(512, "syncing the reference with the policy (TR-DPO)", "leave it unset"),
+    "sync_ref_model": accepted(False, "honoured: every ref_model_sync_steps optimizer steps the reference becomes "
+                               "(1 - ref_model_mixup_alpha) * reference + ref_model_mixup_alpha * policy (TR-DPO); it "
+                               "needs a reference copy (beta > 0, no peft_config)", ok=lambda v: isinstance(v, bool)),
+    "ref_model_mixup_alpha": accepted(0.6, "the weight of the policy when the reference is synced (sync_ref_model)",
+                                      ok=lambda v: isinstance(v, (int, float)) and 0 <= v <= 1),
+    "ref_model_sync_steps": accepted(512, "optimizer steps between reference syncs (sync_ref_model)",
+                                     ok=lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
     "num_completions_to_print": mapped(None, "None keeps 4 rows (TRL: all)", _none_to_default("num_completions_to_print")),
     "log_multimodal": accepted(True, "completions are text only"),
     "log_unique_prompts": not_yet(False, "de-duplicated prompt logging", "leave it False"),
