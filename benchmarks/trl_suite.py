@@ -7,7 +7,7 @@ The TRL checkout stays outside this repository. Its `tests/test_rloo_trainer.py`
 `from trl import RLOOConfig, RLOOTrainer` becomes `from rloo import RLOOConfig, RLOOTrainer`, and
 pytest runs there against local stand-ins of the Hub ids the tests load (see trl_suite/standins.py
 and trl_suite/hub_redirect.py; nothing is downloaded). By default the text tests run: the
-`TestRLOOTrainer` class without the vLLM tests (`-k "TestRLOOTrainer and not vllm"`).
+`TestRLOOTrainer` class without the vision-language class and the vLLM tests.
 
 Prints the TRL commit, the pass/fail count and every failure's first error line.
 """
@@ -30,7 +30,7 @@ from standins import build_hub_cache  # noqa: E402
 
 TRL_IMPORT = "from trl import RLOOConfig, RLOOTrainer"
 RLOO_IMPORT = "from rloo import RLOOConfig, RLOOTrainer"
-DEFAULT_SELECTION = "TestRLOOTrainer and not vllm"
+DEFAULT_SELECTION = "TestRLOOTrainer and not TestRLOOTrainerVLM and not vllm"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

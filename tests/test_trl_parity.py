@@ -161,3 +161,53 @@ def test_sync_ref_model_needs_a_reference(tmp_path, make_model, tokenizer, digit
                     train_dataset=digit_dataset, processing_class=tokenizer)
     with pytest.raises(ValueError, match="ref_model_mixup_alpha"):
         _config(tmp_path, ref_model_mixup_alpha=1.5)
+
+
+def test_min_p_by_hand_and_against_transformers():
+    import torch
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    from rloo.generation.fast import filter_logits
+
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    # threshold 0.2 * 0.5 = 0.1: only the 0.05 token goes
+    assert torch.isinf(filter_logits(logits, min_p=0.2)).tolist() == [[False, False, False, True]]
+    # threshold 0.5 * 0.5 = 0.25: the 0.15 token goes too
+    assert torch.isinf(filter_logits(logits, min_p=0.5)).tolist() == [[False, False, True, True]]
+    assert not torch.isinf(filter_logits(logits, min_p=0.0)).any()
+    torch.manual_seed(0)
+    random = torch.randn(4, 50)
+    for min_p in (0.05, 0.3):
+        ours = torch.isinf(filter_logits(random, temperature=0.7, min_p=min_p))
+        theirs = torch.isinf(MinPLogitsWarper(min_p)(None, random / 0.7))
+        assert torch.equal(ours, theirs)
+
+
+def test_min_p_reaches_the_samplers(tmp_path, make_model, tokenizer, digit_dataset):
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, min_p=0.05), train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    assert trainer.sampler.min_p == 0.05 and type(trainer.sampler).__name__ == "FastSampler"
+    trainer.train()
+
+
+def test_generation_kwargs_go_to_generate(tmp_path, make_model, tokenizer, digit_dataset):
+    kwargs = {"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}
+    args = _config(tmp_path, generation_kwargs=kwargs, repetition_penalty=1.1)
+    assert args.sampler == "generate" and args.top_k == 50
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    assert trainer.sampler.generation_kwargs == {"num_beams": 2, "length_penalty": -0.1, "repetition_penalty": 1.1}
+    seen = []
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    generate = model.generate
+    model.generate = lambda **kw: seen.append(kw) or generate(**kw)
+    trainer.train()
+    assert seen and seen[0]["num_beams"] == 2 and seen[0]["repetition_penalty"] == 1.1
+
+
+def test_engine_options_on_the_fast_sampler_name_the_one_that_can(tmp_path, make_model, tokenizer, digit_dataset):
+    args = _config(tmp_path, sampler="fast", generation_kwargs={"num_beams": 2})
+    with pytest.raises(ValueError, match="sampler='generate'"):
+        RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="do_sample=False"):
+        _config(tmp_path, generation_kwargs={"do_sample": False})

@@ -19,6 +19,7 @@ from .config import ConfigError, RLOOConfig
 from .trackers import resolve_report_to
 from .data.schedule import PromptSchedule
 from .generation import FastSampler, GenerateSampler, Sampler
+from .generation.options import sampler_options
 from .launch import check_launch
 from .sharding import check_supported
 from .rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
@@ -212,7 +213,12 @@ def default_sampler(args: RLOOConfig, tokenizer: Any, model: torch.nn.Module | N
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        **sampler_options(args),
     )
+    if args.sampler == "fast" and common["generation_kwargs"]:
+        raise ConfigError(f"generation_kwargs {sorted(common['generation_kwargs'])} need sampler='generate' (transformers' "
+                          f"generate takes them; the fast sampler does temperature, top_k, top_p and min_p only). "
+                          f"Set sampler='generate', or drop those keys.")
     if args.sampler == "vllm":  # imported here: the module is optional and its engines heavy
         from .generation.vllm import VLLMSampler
 

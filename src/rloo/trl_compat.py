@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .generation.options import GENERATION_KWARGS, engine_kwargs
+
 logger = logging.getLogger(__name__)
 
 _SENTINEL = object()
@@ -127,8 +129,19 @@ def _generation_batch_size(value: Any, given: dict) -> dict:
     return _steps_per_generation(value // per_step, given)
 
 
-GENERATION_KWARGS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                     "max_new_tokens": "max_completion_length", "stop_strings": "stop_strings"}
+
+
+ENGINE_OWNED = {"eos_token_id", "pad_token_id", "num_return_sequences", "max_length", "n", "max_tokens"}
+
+
+def _needs_generate(extra: dict, given: dict) -> dict:
+    """Options only an engine can honour: sampler='generate' unless a sampler was chosen; the fast sampler
+    refuses them by name (setup.default_sampler), the others take them."""
+    if not extra or "sampler" in given or given.get("use_vllm") or given.get("use_transformers_paged") \
+            or given.get("use_transformers_continuous_batching"):
+        return {}
+    logger.info("generation options %s need transformers' generate: sampler='generate'.", sorted(extra))
+    return {"sampler": "generate"}
 
 
 def _generation_kwargs(value: Any, given: dict) -> dict:
@@ -138,17 +151,23 @@ def _generation_kwargs(value: Any, given: dict) -> dict:
         raise TRLFieldError(f"generation_kwargs must be a mapping, got {value!r}.")
     out = {}
     for key, item in value.items():
-        if key in ("do_sample",) and item is True:
-            continue
-        if key in ("min_p", "repetition_penalty"):
-            _check_one(key, item)  # refused unless it is the default
-            continue
-        if key not in GENERATION_KWARGS:
-            raise TRLFieldError(
-                f"generation_kwargs[{key!r}] has no counterpart in rloo's samplers, which take "
-                f"{sorted(GENERATION_KWARGS)}; set those config fields directly.")
-        out[GENERATION_KWARGS[key]] = item
-    return out
+        if key == "do_sample" and item is not True:
+            raise TRLFieldError("generation_kwargs do_sample=False would make the num_generations completions of a "
+                                "prompt identical (no learning signal); leave do_sample unset.")
+        if key in ENGINE_OWNED:
+            raise TRLFieldError(f"generation_kwargs[{key!r}] is set by rloo from its own fields (stop_token_ids, "
+                                f"num_generations, max_completion_length); set those instead.")
+        if key in GENERATION_KWARGS:
+            out[GENERATION_KWARGS[key]] = item
+    return {**out, **_needs_generate(engine_kwargs(value, given.get("repetition_penalty")), given)}
+
+
+def _repetition_penalty(value: Any, given: dict) -> dict:
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise TRLFieldError(f"repetition_penalty={value!r} must be a positive number (1.0 disables).")
+    if given.get("generation_kwargs"):
+        return {}  # generation_kwargs' mapping decides the sampler with it
+    return _needs_generate(engine_kwargs(None, value), given)
 
 
 def _report_to(value: Any, given: dict) -> dict:
@@ -338,11 +357,15 @@ TRL_FIELDS: dict[str, Answer] = {
                                    _steps_per_generation),
     "generation_batch_size": mapped(None, "/ (per_device_train_batch_size * processes) = steps_per_generation",
                                     _generation_batch_size),
-    "min_p": not_yet(None, "min_p sampling", "top_p or top_k"),
-    "repetition_penalty": not_yet(1.0, "a repetition penalty (it changes the sampled distribution "
-                                  "away from the policy's)", "leave it at 1.0"),
+    "min_p": accepted(None, "honoured by every sampler: tokens less likely than min_p times the most likely one are "
+                      "not sampled", ok=lambda v: isinstance(v, (int, float)) and 0 <= v <= 1),
+    "repetition_penalty": mapped(1.0, "honoured by transformers' generate: a value other than 1.0 sets "
+                                 "sampler='generate' when no sampler was chosen (the fast sampler refuses it by name)",
+                                 _repetition_penalty),
     "generation_kwargs": mapped(None, f"keys {sorted(GENERATION_KWARGS)} map to the config fields of the same "
-                                "meaning; other keys are refused by name", _generation_kwargs),
+                                "meaning, min_p is honoured by every sampler, any other key goes to the engine as it is "
+                                "(generate / GenerationConfig, or vLLM's SamplingParams) and sets sampler='generate' "
+                                "when no sampler was chosen", _generation_kwargs),
     "cache_implementation": refused(None, "the fast sampler manages its own KV cache", "sampler='fast'"),
     "use_transformers_continuous_batching": mapped(False, "True sets sampler='paged' (transformers' continuous batching)",
                                                    lambda v, given: {"sampler": "paged"} if v else {}),

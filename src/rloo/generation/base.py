@@ -10,7 +10,7 @@ the weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -44,6 +44,10 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0  # nucleus filter; 1 disables
     top_k: int = 0  # 0 disables; None would let `generate` fall back to its generation_config (50)
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one; 0 disables
+    # More keyword arguments for the engine (TRL's generation_kwargs): `generate` / GenerationConfig
+    # keys for the generate and paged samplers, SamplingParams keys for vLLM; the fast sampler takes none.
+    generation_kwargs: dict = field(default_factory=dict)
 
 
 @runtime_checkable

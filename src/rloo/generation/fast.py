@@ -26,10 +26,11 @@ from ..algo.logprobs import position_ids_from_mask
 from .base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 
 
-def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  min_p: float = 0.0) -> torch.Tensor:
     """Scores whose softmax is the sampling distribution: filtered-out tokens get -inf.
 
-    Same order and tie rules as transformers' logits processors (temperature, top-k, top-p);
+    Same order and tie rules as transformers' logits processors (temperature, top-k, top-p, min-p);
     at least one token always survives.
 
     Args:
@@ -37,6 +38,8 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0
         temperature: divides the logits; must be > 0.
         top_k: keep the k highest scores (ties with the k-th kept too); 0 disables.
         top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1 disables.
+        min_p: keep the tokens whose probability (after the filters above) is at least min_p times
+            the most likely token's; 0 disables.
 
     Returns:
         (B, V) fp32 scores.
@@ -53,6 +56,10 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0
         removed_sorted = sorted_scores.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
         removed_sorted[:, -1] = False  # the most likely token always stays
         removed = removed_sorted.scatter(1, order, removed_sorted)
+        scores = scores.masked_fill(removed, float("-inf"))
+    if min_p > 0.0:
+        probs = scores.softmax(dim=-1)  # (B, V)
+        removed = probs < min_p * probs.amax(dim=-1, keepdim=True)  # the most likely token never goes
         scores = scores.masked_fill(removed, float("-inf"))
     return scores
 
@@ -125,9 +132,9 @@ class FastSampler(SamplingSettings):
         log_probs = torch.log_softmax(logits.float() / self.temperature, dim=-1)  # (B, V)
         if not self.do_sample:
             token = logits.argmax(dim=-1)
-        elif self.top_k == 0 and self.top_p >= 1.0:  # no filter: draw from the softmax already computed
+        elif self.top_k == 0 and self.top_p >= 1.0 and not self.min_p:  # no filter: the softmax already computed
             token = torch.multinomial(log_probs.exp(), num_samples=1).squeeze(1)
         else:
-            scores = filter_logits(logits, self.temperature, self.top_k, self.top_p)
+            scores = filter_logits(logits, self.temperature, self.top_k, self.top_p, self.min_p)
             token = torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
         return token, log_probs.gather(1, token.unsqueeze(1)).squeeze(1)

@@ -31,9 +31,11 @@ class GenerateSampler(SamplingSettings):
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,  # 0 disables; None would fall back to generation_config (50)
+            min_p=self.min_p or None,
             max_new_tokens=self.max_new_tokens,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
+            **self.generation_kwargs,
         )
         model.train(was_training)
         completion_ids = output[:, prompt_ids.shape[1]:]  # (B, C), C <= max_new_tokens

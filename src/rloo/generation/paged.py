@@ -38,6 +38,7 @@ class PagedSampler(SamplingSettings):
         requests = prompts if self.do_sample else [p for p in prompts for _ in range(num_generations)]
         config = GenerationConfig(
             do_sample=self.do_sample, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+            min_p=self.min_p or None, **self.generation_kwargs,
             num_return_sequences=forks, max_new_tokens=self.max_new_tokens,
             eos_token_id=list(self.eos_token_ids), pad_token_id=self.pad_token_id,
         )

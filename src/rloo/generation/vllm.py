@@ -184,7 +184,8 @@ class VLLMSampler(SamplingSettings):
         if self._stale:
             self.push_weights(model)
         params = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1,
-                      max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_token_ids))
+                      min_p=self.min_p, max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_token_ids),
+                      **self.generation_kwargs)
         grouped = self.engine.generate(prompts, num_generations, params)
         self.engine.sleep()
         rows = [c for completions in grouped for c in completions]  # prompt-major: row p*K + k
