@@ -65,7 +65,7 @@ def test_none_leaves_a_function_out_and_unscored_samples_are_invalid():
     assert reward_function_metrics(["never"], torch.full((4, 1), float("nan"))) == {"rewards/unscored_frac": 1.0}
 
 
-def test_async_functions_run_concurrently_and_trainer_state_is_opt_in():
+def test_async_functions_run_concurrently_and_trainer_state_reaches_kwargs():
     order = []
 
     async def slow_a(completions, **kwargs):
@@ -95,7 +95,8 @@ def test_async_functions_run_concurrently_and_trainer_state_is_opt_in():
     torch.testing.assert_close(scored.per_function[:, 0], torch.ones(4))
     torch.testing.assert_close(scored.per_function[:, 2], torch.full((4,), 2.0))
     assert seen["state"] == {"global_step": 7, "episode": 56}
-    assert "trainer_state" not in seen["kwargs"] and "answer" in seen["kwargs"]
+    # TRL passes trainer_state (and log_extra / log_metric) through **kwargs too
+    assert "trainer_state" in seen["kwargs"] and "answer" in seen["kwargs"]
 
 
 def _wrong_count(completions, **kwargs):

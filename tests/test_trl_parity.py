@@ -211,3 +211,34 @@ def test_engine_options_on_the_fast_sampler_name_the_one_that_can(tmp_path, make
         RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     with pytest.raises(ValueError, match="do_sample=False"):
         _config(tmp_path, generation_kwargs={"do_sample": False})
+
+
+def test_padded_span_by_hand():
+    from rloo.rollout import padded_span
+
+    # prompt columns [3:10] (7) + completion [:5] (5) = 12; to 8 needs 4 more: 3 from the prompt, 1 from completions
+    assert padded_span(3, 5, 10, 9, 8) == (0, 6)
+    # already a multiple
+    assert padded_span(2, 4, 6, 9, 8) == (2, 4)
+    # not enough room: the whole width (10 + 9 = 19), never more
+    assert padded_span(1, 5, 10, 9, 32) == (0, 9)
+
+
+def test_pad_to_multiple_of_pads_micro_batches_and_keeps_the_loss(tmp_path, make_model, tokenizer, digit_dataset):
+    import torch
+
+    losses, widths = [], []
+    for multiple in (None, 8):
+        extra = {} if multiple is None else {"pad_to_multiple_of": multiple}
+        trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, max_steps=1, **extra),
+                              train_dataset=digit_dataset, processing_class=tokenizer)
+        rows = [digit_dataset[i] for i in range(2)]
+        rollout, _ = trainer.collect(rows)
+        size = trainer.args.per_device_train_batch_size
+        micro = rollout.micro_batch(0, size, trainer.learner.pad_to_multiple_of)
+        widths.append(micro.prompt_ids.shape[1] + micro.completion_ids.shape[1])
+        torch.manual_seed(0)
+        numerators, _ = trainer.learner.micro_batch_loss(micro)
+        losses.append(numerators.detach())
+    assert widths[1] % 8 == 0 or widths[1] == rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)

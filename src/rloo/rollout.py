@@ -30,6 +30,16 @@ from .rewards.trl_names import RewardLog
 from .sharding import full_weights_for_generation
 
 
+def padded_span(first: int, last: int, prompt_width: int, completion_width: int, multiple: int) -> tuple[int, int]:
+    """(first, last) widened so that the kept width, prompt columns [first:prompt_width] plus
+    completion columns [:last], is a multiple of `multiple`: prompt padding (columns before `first`)
+    is kept first, then completion padding up to `completion_width`; a rollout narrower than that
+    keeps its whole width."""
+    missing = -(prompt_width - first + last) % multiple
+    from_prompt = min(missing, first)
+    return first - from_prompt, min(last + missing - from_prompt, completion_width)
+
+
 @dataclass
 class Rollout:
     """One process's generated batch: whole groups, scored and baselined.
@@ -57,13 +67,18 @@ class Rollout:
     mismatch: torch.Tensor | None = None  # (4,) `algo.importance.mismatch_sums` of this process
     sampler_logps: torch.Tensor | None = None  # (B, C) the engine's own log-probs, kept for off_policy_mask_threshold
 
-    def micro_batch(self, start: int, size: int) -> "Rollout":
-        """Rows [start, start + size), with padding columns that every row shares trimmed off."""
+    def micro_batch(self, start: int, size: int, pad_to_multiple_of: int | None = None) -> "Rollout":
+        """Rows [start, start + size), with padding columns that every row shares trimmed off; with
+        `pad_to_multiple_of`, as few padding columns kept as make prompt + completion width a multiple
+        of it (prompt padding first), as far as the rollout's own width allows."""
         rows = slice(start, start + size)
         prompt_mask = self.prompt_mask[rows]
         completion_mask = self.completion_mask[rows]
         first = int((prompt_mask.sum(0) > 0).nonzero()[0])  # first prompt column any row uses
         last = int((completion_mask.sum(0) > 0).nonzero()[-1]) + 1  # past the last completion column used
+        if pad_to_multiple_of:
+            first, last = padded_span(first, last, self.prompt_mask.shape[1], self.completion_mask.shape[1],
+                                      pad_to_multiple_of)
 
         def columns(tensor: torch.Tensor | None) -> torch.Tensor | None:
             return None if tensor is None else tensor[rows, :last]

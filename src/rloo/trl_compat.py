@@ -350,8 +350,11 @@ TRL_FIELDS: dict[str, Answer] = {
     # --- TRL RLOOConfig: model ---
     "trust_remote_code": accepted(False, "passed to from_pretrained of the model and the tokenizer"),
     "router_aux_loss_coef": not_yet(None, "the MoE router auxiliary loss", "leave it unset"),
-    "pad_to_multiple_of": accepted("auto", "micro-batches trim their shared padding instead",
-                                   ok=lambda v: v in ("auto", None)),
+    "pad_to_multiple_of": accepted("auto", "honoured in training: each micro-batch keeps as much of its padding as makes "
+                                   "prompt + completion width a multiple of it (as far as the rollout is wide); "
+                                   "'auto' and None trim all shared padding",
+                                   ok=lambda v: v in ("auto", None) or (isinstance(v, int) and not isinstance(v, bool)
+                                                                         and v > 0)),
     # --- TRL RLOOConfig: generation ---
     "steps_per_generation": mapped(None, "micro-batches per generation / gradient_accumulation_steps -> num_mini_batches",
                                    _steps_per_generation),

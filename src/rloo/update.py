@@ -57,6 +57,9 @@ class Learner:
     lr_scheduler: Any
 
     def __post_init__(self) -> None:
+        # TRL's pad_to_multiple_of: micro-batches keep that much of their padding (speed only, same loss).
+        multiple = getattr(self.args, "pad_to_multiple_of", None)
+        self.pad_to_multiple_of = multiple if isinstance(multiple, int) and not isinstance(multiple, bool) else None
         if self.args.shared_prefix_forward:
             check_shared_prompt_model(self.model)  # refuse at construction, not at the first step
 
@@ -103,7 +106,7 @@ class Learner:
         denominator = self.loss_denominator(mini_batch)
         totals = dict.fromkeys(STEP_TOTALS, 0.0)
         for index in range(args.gradient_accumulation_steps):
-            micro = mini_batch.micro_batch(index * size, size)
+            micro = mini_batch.micro_batch(index * size, size, self.pad_to_multiple_of)
             is_last = index == args.gradient_accumulation_steps - 1
             acc.gradient_state._set_sync_gradients(is_last)
             with contextlib.nullcontext() if is_last else acc.no_sync(self.model):

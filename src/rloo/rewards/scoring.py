@@ -4,8 +4,8 @@ A reward function has TRL's shape, `f(prompts, completions, completion_ids, **co
 columns are the dataset's other columns (e.g. `answer`). Functions with narrower signatures
 (`length_reward(completions, prompts=None)`) get only the arguments they name; a required
 argument that nobody can supply is an error at construction, not at step 1000. `trainer_state`
-(the step and episode), and TRL's `log_extra(column, values)` / `log_metric(name, value)` are passed
-only to functions that name them, not through `**kwargs`.
+(the live TrainerState: global_step, epoch, ...), and TRL's `log_extra(column, values)` /
+`log_metric(name, value)` reach functions that name them or take `**kwargs`, as in TRL.
 
 A function may be `async def`: the async functions of a batch run concurrently on one event
 loop. It may return `None` for a sample it does not apply to; that sample's weighted sum leaves
@@ -31,7 +31,7 @@ RewardFunc = Callable[..., Sequence[float | None]]
 
 # Arguments the trainer supplies besides the dataset's columns.
 TRAINER_ARGUMENTS = ("prompts", "completions", "completion_ids")
-# Supplied only to functions that name them: they are not per-completion lists.
+# Not per-completion lists; supplied to functions that name them or take **kwargs (as TRL does).
 OPT_IN_ARGUMENTS = ("trainer_state", "log_extra", "log_metric")
 
 
@@ -87,7 +87,7 @@ class RewardFunction:
     def keyword_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """The subset of `arguments` this function takes."""
         return {k: v for k, v in arguments.items()
-                if k in self.accepted or (self.accepts_any and k not in OPT_IN_ARGUMENTS)}
+                if k in self.accepted or self.accepts_any}
 
     def __call__(self, arguments: dict[str, Any]) -> Any:
         """Call the function; an async function returns its coroutine."""
