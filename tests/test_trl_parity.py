@@ -242,3 +242,30 @@ def test_pad_to_multiple_of_pads_micro_batches_and_keeps_the_loss(tmp_path, make
         losses.append(numerators.detach())
     assert widths[1] % 8 == 0 or widths[1] == rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+
+
+def test_fast_sampler_on_a_hybrid_cache_matches_generate():
+    """NemotronH's mamba layers cannot copy cache rows: each sample gets its own prefill, same tokens."""
+    import torch
+    import transformers
+
+    from rloo.generation.fast import FastSampler, can_repeat_rows
+    from rloo.generation.kv_cache import append_in_place_cache
+
+    config = transformers.NemotronHConfig(
+        vocab_size=64, hidden_size=16, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+        layers_block_type=["mamba", "attention", "moe"], mamba_num_heads=8, mamba_head_dim=4, mamba_n_groups=1,
+        ssm_state_size=16, mamba_d_conv=4, mamba_expand=2, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=32, pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    model = transformers.NemotronHForCausalLM(config).eval()
+    assert not can_repeat_rows(append_in_place_cache(model.config, 4))
+    sampler = FastSampler(pad_token_id=0, eos_token_ids=[1], max_new_tokens=5, do_sample=False)
+    prompts = [[5, 6, 7], [8, 9]]
+    out = sampler.sample(model, prompts, 3)
+    for index, prompt in enumerate(prompts):
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False, eos_token_id=[1],
+                                  pad_token_id=0)[0, len(prompt):]
+        for row in range(3 * index, 3 * index + 3):
+            got = out.completion_ids[row][out.completion_mask[row].bool()]
+            assert got.tolist() == expected[: len(got)].tolist()

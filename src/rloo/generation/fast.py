@@ -17,13 +17,17 @@ outputs against `generate` and sampled token statistics against the exact model 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .kv_cache import append_in_place_cache
 from ..algo.logprobs import position_ids_from_mask
 from .base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
+
+logger = logging.getLogger(__name__)
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -64,6 +68,22 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0
     return scores
 
 
+def can_repeat_rows(cache: Any) -> bool:
+    """Whether every layer of `cache` can copy its rows (`batch_repeat_interleave`)."""
+    return all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", []))
+
+
+_noted: set[tuple[str, ...]] = set()
+
+
+def _note_prefill_per_sample(cache: Any) -> None:
+    kinds = sorted({type(layer).__name__ for layer in cache.layers if not hasattr(layer, "batch_repeat_interleave")})
+    if tuple(kinds) not in _noted:
+        _noted.add(tuple(kinds))
+        logger.info("fast sampler: cache layers %s cannot copy rows; each of the num_generations samples of a prompt "
+                    "gets its own prefill (slower prefill, same samples).", kinds)
+
+
 @dataclass
 class FastSampler(SamplingSettings):
     """K completions per prompt from one prefill per prompt and a hand-written decode loop.
@@ -100,10 +120,19 @@ class FastSampler(SamplingSettings):
         and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
         trainer computes them)."""
         cache = append_in_place_cache(model.config, room=self.max_new_tokens)
-        prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(k)  # every sample of a prompt continues from the same prefill
-        next_logits = prefill.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V), B = N*K
+        if can_repeat_rows(cache):  # one prefill per prompt; every sample continues from a copy of it
+            prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask,
+                            position_ids=position_ids_from_mask(prompt_mask), past_key_values=cache, use_cache=True,
+                            logits_to_keep=1)
+            cache.batch_repeat_interleave(k)
+            next_logits = prefill.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V), B = N*K
+        else:  # e.g. linear-attention / state-space layers (NemotronH): prefill each sample's own copy
+            _note_prefill_per_sample(cache)
+            repeated_ids, repeated_mask = prompt_ids.repeat_interleave(k, dim=0), prompt_mask.repeat_interleave(k, dim=0)
+            prefill = model(input_ids=repeated_ids, attention_mask=repeated_mask,
+                            position_ids=position_ids_from_mask(repeated_mask), past_key_values=cache, use_cache=True,
+                            logits_to_keep=1)
+            next_logits = prefill.logits[:, -1]  # (B, V)
         attention_mask = prompt_mask.repeat_interleave(k, dim=0)  # (B, P), grows by one column a step
         next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) position of the next token
         eos_ids = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
