@@ -269,3 +269,23 @@ def test_fast_sampler_on_a_hybrid_cache_matches_generate():
         for row in range(3 * index, 3 * index + 3):
             got = out.completion_ids[row][out.completion_mask[row].bool()]
             assert got.tolist() == expected[: len(got)].tolist()
+
+
+def test_trl_1_16_names_alongside_v0_names(tmp_path, make_model, tokenizer, digit_dataset):
+    from rloo.metrics import tracker_metrics
+
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, beta=0.1), train_dataset=digit_dataset,
+                          processing_class=tokenizer, eval_dataset=digit_dataset.select(range(4)))
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "objective/kl" in h][0]
+    for new, old in (("kl", "objective/kl"), ("entropy", "policy/entropy_avg"), ("learning_rate", "lr"),
+                     ("loss", "loss/policy_avg")):
+        assert logged[new] == logged[old]
+    assert "rewards/digit_fraction/mean" in logged and "clip_ratio/low_mean" in logged
+    metrics = trainer.evaluate()
+    assert metrics["eval_reward"] == metrics["eval/reward"]
+    charted = tracker_metrics({**logged, **metrics})
+    assert charted["train/kl"] == logged["kl"] and charted["train/rewards/digit_fraction/mean"] == \
+        logged["rewards/digit_fraction/mean"] and charted["train/completions/mean_length"] == logged[
+            "completions/mean_length"]
+    assert "eval/reward" in charted and "eval_reward" not in charted and "objective/kl" in charted

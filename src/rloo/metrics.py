@@ -261,6 +261,29 @@ def step_metrics(totals: dict[str, float], denominator: float, with_kl_loss: boo
     return metrics
 
 
+# TRL 1.16's names for figures rloo logs under TRL v0's names (the same values, logged under both).
+TRL_TRAIN_ALIASES = {"kl": "objective/kl", "entropy": "policy/entropy_avg", "learning_rate": "lr",
+                     "loss": "loss/policy_avg"}
+# What TRL 1.16 sends to TensorBoard / W&B with a "train/" prefix (eval keys already start with "eval/").
+TRL_TRAIN_NAMES = {*TRL_TRAIN_ALIASES, "reward", "reward_std", "frac_reward_zero_std", "num_tokens", "grad_norm"}
+TRL_TRAIN_PREFIXES = ("rewards/", "completions/", "clip_ratio/")
+
+
+def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
+    """`metrics` plus TRL 1.16's names (kl, entropy, learning_rate, loss) for the values logged under v0 names."""
+    return {**metrics, **{new: metrics[old] for new, old in TRL_TRAIN_ALIASES.items() if old in metrics}}
+
+
+def tracker_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """What the trackers get: every metric as logged, plus "train/<name>" for TRL 1.16's training
+    names, as TRL's TensorBoard and W&B charts are keyed."""
+    train = {f"train/{k}": v for k, v in metrics.items()
+             if k in TRL_TRAIN_NAMES or k.startswith(TRL_TRAIN_PREFIXES)}
+    # evaluate() also returns transformers' "eval_reward" spelling of "eval/reward": one series is enough.
+    underscored = {"_".join(k.split("/", 1)) for k in metrics if k.startswith("eval") and "/" in k}
+    return {**{k: v for k, v in metrics.items() if k not in underscored}, **train}
+
+
 # ------------------------------------------------------------------ sinks
 
 
@@ -291,7 +314,7 @@ class MetricsLogger:
             for sink in self.sinks:
                 sink.log(metrics, step)
         if self.use_trackers:
-            self.accelerator.log(metrics, step=step)
+            self.accelerator.log(tracker_metrics(metrics), step=step)
         return metrics
 
     def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:

@@ -38,7 +38,7 @@ from .data.prompts import check_prompt_dataset, check_prompt_lengths, check_voca
 from .data.schedule import PromptSchedule, select_rows
 from .dynamic_sampling import DynamicSampler, zero_spread_message
 from .generation.base import Sampler
-from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics
+from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics, with_trl_names
 from .rewards.reward_model import RewardModel
 from .rollout import Rollout, RolloutCollector, Samples
 from .run_control import StopSignals, check_output_dir, prepare_output_dir, truncate_history
@@ -375,13 +375,13 @@ class RLOOTrainer:
         return self.collector.collect(rows, self.global_step, self.episode)
 
     def _log(self, window: dict[str, float], eps: float, samples: Samples, rollout: Rollout) -> dict[str, float]:
-        metrics = {
+        metrics = with_trl_names({
             **window,
             "objective/entropy": window.get("policy/entropy_avg", float("nan")),
             "eps": eps,
             "lr": self.lr_scheduler.get_last_lr()[0],
             "episode": float(self.episode),
-        }
+        })
         self.logger.log(metrics, self.global_step)
         if self.args.log_completions:
             rows = completion_rows(samples.prompts, samples.completions, [fn.name for fn in self.reward_functions],
@@ -400,9 +400,11 @@ class RLOOTrainer:
         metrics: dict[str, float] = {}
         for name, dataset in trainer_api.named_eval_sets(eval_dataset):
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
-            metrics.update(evaluation.evaluate(self.collector, dataset, [fn.name for fn in self.reward_functions],
-                                              num_generations, self._eval_prompts_per_batch(num_generations),
-                                              self.global_step, prefix=f"{prefix}/"))
+            figures = evaluation.evaluate(self.collector, dataset, [fn.name for fn in self.reward_functions],
+                                          num_generations, self._eval_prompts_per_batch(num_generations),
+                                          self.global_step, prefix=f"{prefix}/")
+            # transformers' and TRL's spelling too ("eval_reward"; TRL's trackers chart it as "eval/reward")
+            metrics.update({**figures, **{f"{prefix}_{k[len(prefix) + 1:]}": v for k, v in figures.items()}})
         self.callback_handler.event("on_evaluate", metrics=metrics)
         return metrics
 
