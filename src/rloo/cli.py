@@ -15,7 +15,11 @@ import dataclasses
 import difflib
 import importlib
 import importlib.util
+import re
+import signal
 import sys
+import traceback
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +29,7 @@ import yaml
 
 from . import trl_compat, trl_script
 from .config import ALIASES, ConfigError, RLOOConfig, field_docs
-from .config_checks import check_field_types, parse_field
+from .config_checks import check_field_types
 
 
 @dataclass
@@ -108,12 +112,14 @@ def build_train_parser() -> argparse.ArgumentParser:
         description="Train a causal LM with RLOO. Values come from --config (YAML), then from flags.",
     )
     parser.add_argument("--config", help="YAML file whose keys are any of the flags below.")
+    parser.add_argument("--debug", action="store_true", help="On an error, print the traceback too.")
     parser.add_argument("--resume_from_checkpoint", default=None,
                         help="A checkpoint directory to resume from, or 'latest' for the newest in output_dir.")
     _add_dataclass_flags(parser, ScriptArguments, "what to train")
     add_config_flags(parser, RLOOConfig)
     _add_dataclass_flags(parser, trl_script.TRLScriptArguments, "TRL script flags (trl rloo)")
-    taken = {f.name for f in dataclasses.fields(trl_script.TRLScriptArguments)} | {"resume_from_checkpoint"}
+    # TRL's `debug` (transformers' debug modes) is refused anyway; --debug is rloo's traceback switch.
+    taken = {f.name for f in dataclasses.fields(trl_script.TRLScriptArguments)} | {"resume_from_checkpoint", "debug"}
     add_trl_field_flags(parser, taken)
     return parser
 
@@ -164,9 +170,10 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ScriptArguments, RLOOConfig, 
     parser = build_train_parser()
     flags = vars(parser.parse_args(argv))
     config_path = flags.pop("config", None)
+    flags.pop("debug", None)  # read by main()
     values: dict[str, Any] = {}
     if config_path:
-        loaded = yaml.safe_load(Path(config_path).read_text()) or {}
+        loaded = load_yaml(config_path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{config_path} must hold a mapping of keys to values, got {type(loaded).__name__}.")
         _check_keys(loaded, config_path)
@@ -188,13 +195,37 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ScriptArguments, RLOOConfig, 
     return script, config, resume
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader reading `1e-5` as a number (YAML 1.2), as a user means it, not as text."""
+
+
+_YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                                  list("-+0123456789."))
+
+
+def load_yaml(path: str | Path) -> Any:
+    """A YAML file's content; a syntax error names the file, line and column."""
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_YamlLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{path}{where}: {problem} (YAML syntax; a value holding ': ' or '#' needs quotes).") from None
+
+
 def _parse_yaml_values(values: dict[str, Any]) -> dict[str, Any]:
-    """YAML text to each field's type: YAML 1.1 reads `1e-5` as a string and `'no'` stays a string."""
+    """YAML values as written: quoted text such as `bf16: 'false'` stays text and is refused by the
+    field's type check, as the Python API refuses it. One string where a list is due is a list of one
+    (`reward_funcs: my_rewards.py:f`)."""
+    hints = {**_field_types(RLOOConfig), **_field_types(ScriptArguments)}
     parsed = {}
     for key, value in values.items():
-        name = ALIASES.get(key, key)
-        cls = ScriptArguments if name in {f.name for f in dataclasses.fields(ScriptArguments)} else RLOOConfig
-        parsed[key] = parse_field(cls, name, value) if name != "resume_from_checkpoint" else value
+        hint = hints.get(ALIASES.get(key, key))
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        options = [a for a in typing.get_args(hint) if a is not type(None)] if union else [hint]
+        is_list = all(typing.get_origin(a) is list for a in options)
+        parsed[key] = [value] if isinstance(value, str) and is_list else value
     return parsed
 
 
@@ -248,7 +279,12 @@ def resolve_reward_func(spec: str, tokenizer: Any = None,
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
     else:
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ConfigError(f"reward function {spec!r}: cannot import module {module_name!r} ({error}). Check the "
+                              f"name, and run rloo from the folder that holds the module or put it on "
+                              f"PYTHONPATH.") from error
     if not hasattr(module, func_name):
         raise ConfigError(f"{module_name} has no function `{func_name}`.")
     return getattr(module, func_name)
@@ -283,10 +319,16 @@ def run_train(argv: Sequence[str]) -> None:
     from .data.loading import load_prompt_dataset
     from .trainer import RLOOTrainer
 
+    from . import loading, run_control, setup
+
     script, config, resume = parse_train_args(argv)
     if not script.model_name_or_path or not script.dataset_name or not script.reward_funcs:
         raise ConfigError("rloo train needs --model_name_or_path, --dataset_name and --reward_funcs "
                           "(as flags or YAML keys).")
+    run_control.check_output_dir(config.output_dir)  # all before anything loads
+    if resume is None and not config.overwrite_output_dir:
+        run_control.refuse_used_output_dir(config.output_dir)
+    setup.check_model_name(script.model_name_or_path)
     train_dataset = load_prompt_dataset(script.dataset_name, script.dataset_split, script.dataset_config)
     eval_dataset = (load_prompt_dataset(script.dataset_name, script.eval_split, script.dataset_config)
                     if script.eval_split else None)
@@ -294,8 +336,8 @@ def run_train(argv: Sequence[str]) -> None:
     from transformers import AutoTokenizer
 
     revision = (config.model_init_kwargs or {}).get("revision")
-    tokenizer = AutoTokenizer.from_pretrained(  # also for rewards that read token ids
-        script.model_name_or_path, **({"revision": revision} if revision else {}),
+    tokenizer = loading.from_pretrained(  # also for rewards that read token ids
+        AutoTokenizer.from_pretrained, script.model_name_or_path, "model", **({"revision": revision} if revision else {}),
         **({"trust_remote_code": True} if config.trust_remote_code else {}))
     trainer = RLOOTrainer(
         model=script.model_name_or_path,
@@ -308,15 +350,28 @@ def run_train(argv: Sequence[str]) -> None:
         **script.trainer_kwargs,
     )
     trainer.train(resume_from_checkpoint=resume)
-    if trainer.stopped_by is None and trainer.accelerator.is_main_process:  # once, not once per process
+    if trainer.stopped_by is not None:  # saved and resumable, but unfinished: say so to the shell, as it expects
+        status = 128 + getattr(signal.Signals, trainer.stopped_by, signal.SIGTERM)
+        print(f"rloo: exit status {status}: the run is saved but not finished.", file=sys.stderr)
+        raise SystemExit(status)
+    if trainer.accelerator.is_main_process:  # once, not once per process
         print(f"Saved the trained model to {config.output_dir}")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by bad input: printed as one message, without a traceback, exit status 2."""
+    """Errors caused by bad input: printed as one message, without a traceback (--debug shows it), exit status 2."""
     from .checkpoint import CheckpointError
+    from .rewards.scoring import RewardError
 
-    return (ConfigError, CheckpointError, FileNotFoundError)
+    return (ConfigError, CheckpointError, FileNotFoundError, RewardError, trl_compat.TRLFieldError)
+
+
+class _Terminated(BaseException):
+    """SIGTERM before training began (the loop then handles signals itself)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -338,11 +393,22 @@ def main(argv: Sequence[str] | None = None) -> None:
               "  demo    offline demo: a tiny model learns two-digit addition (rloo demo --help)\n\n"
               "TRL's `trl rloo` flags work with `rloo train`; docs/trl_migration.md maps each one.")
         raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         commands[argv[0]](argv[1:])
     except _user_errors() as error:
+        if debug:
+            traceback.print_exc()
         print(f"rloo: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except (KeyboardInterrupt, _Terminated) as error:  # a signal while loading: nothing to save yet
+        name = "SIGINT" if isinstance(error, KeyboardInterrupt) else "SIGTERM"
+        print(f"rloo: stopped by {name} before training began; nothing was saved.", file=sys.stderr)
+        raise SystemExit(128 + signal.Signals[name]) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_demo(argv: Sequence[str]) -> None:

@@ -1,8 +1,8 @@
 """Checks of an RLOOConfig, run at construction: every message names the field and the fix.
 
 `validate` runs them in groups (batch sizes, optimizer, generation, algorithm, run and outputs,
-scale-out); `check_field_types` and `parse_field` are the type rules (text is parsed only when it
-comes from YAML or flags).
+scale-out); `check_field_types` is the type rule (text is parsed only when it comes from a
+command-line flag; quoted YAML text is refused as in Python).
 """
 
 from __future__ import annotations
@@ -262,44 +262,20 @@ def _matches(value: Any, hint: Any) -> bool:
 def check_field_types(config: Any) -> None:
     """Every field holds a value of its annotated type, and every float is finite.
 
-    A string such as "false" or "1e-5" is refused here (Python treats "false" as true); the CLI
-    parses YAML and flag text into the field's type before the config is built (`parse_field`).
+    A string such as "false" or "1e-5" is refused here (Python treats "false" as true), from Python
+    and from YAML alike (`bf16: 'false'`); the CLI parses its flags' text into each field's type.
     """
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         value, hint = getattr(config, f.name), hints[f.name]
         if not _matches(value, hint):
             raise ConfigError(f"{f.name} must be of type {_type_name(hint)}, got {value!r} "
-                              f"({type(value).__name__}); e.g. {f.name}={f.default!r}. (Text such as 'false' or '1e-5' is parsed only "
-                              f"from YAML and flags; in Python pass the value itself.)")
+                              f"({type(value).__name__}); e.g. {f.name}={f.default!r}. (Pass the value itself, not "
+                              f"text: in YAML write it unquoted, e.g. `bf16: false`.)")
         numbers = value if isinstance(value, (list, tuple)) else [value]
         for number in numbers:
             if isinstance(number, float) and not math.isfinite(number):
                 raise ConfigError(f"{f.name} must be a finite number, got {value!r}.")
-
-
-def parse_field(cls: type, name: str, value: Any) -> Any:
-    """A YAML or flag value converted to field `name`'s type when it is text of that type: "1e-5" for
-    a float (YAML 1.1 reads 1e-5 as a string), "false"/"no" for a bool. Other values pass unchanged."""
-    hint = typing.get_type_hints(cls).get(name)
-    if hint is None or not isinstance(value, str):
-        return value
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    base = args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) \
-        and len(args) == 1 else hint
-    lowered = value.strip().lower()
-    if base is bool:
-        if lowered in ("1", "true", "yes", "y", "on"):
-            return True
-        if lowered in ("0", "false", "no", "n", "off"):
-            return False
-        raise ConfigError(f"{name} must be true or false, got {value!r}.")
-    if base in (int, float):
-        try:
-            return base(value)
-        except ValueError:
-            raise ConfigError(f"{name} must be {'an integer' if base is int else 'a number'}, got {value!r}.") from None
-    return value
 
 
 def _check_scale_out(c: RLOOConfig) -> None:

@@ -5,11 +5,13 @@ policy with a `peft_config` into QLoRA (k-bit base prepared for training, LoRA a
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
-from .config import RLOOConfig
+from .config import ConfigError, RLOOConfig
 
 # What a model given by name gets unless the user says otherwise: the checkpoint's own dtype (not
 # silently fp32), and no code from the Hub runs unless asked.
@@ -46,3 +48,27 @@ def prepare_quantized(policy: torch.nn.Module, peft_config: Any, args: RLOOConfi
     return prepare_model_for_kbit_training(
         policy, use_gradient_checkpointing=args.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def from_pretrained(load: Callable[..., Any], name: str, what: str = "model", **kwargs: Any) -> Any:
+    """`load(name, **kwargs)` (a `from_pretrained`), with a Hub id that cannot be fetched named as such:
+    offline or unreachable, say so and that a local directory works, instead of transformers' OSError."""
+    try:
+        return load(name, **kwargs)
+    except OSError as error:
+        if Path(name).expanduser().exists():
+            raise
+        raise ConfigError(hub_error_message(name, what, error)) from error
+
+
+def hub_error_message(name: str, what: str, error: BaseException) -> str:
+    """The sentence for a `what` given as the Hub id `name` that could not be loaded."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if offline:
+        return (f"{what} {name!r} is not a local path and cannot be loaded offline (HF_HUB_OFFLINE is set and it is "
+                f"not in the local cache). Give a local directory written by save_pretrained, or download it once "
+                f"with the network.")
+    return (f"{what} {name!r} is not a local path and could not be loaded from the Hugging Face Hub ({reason}). If the "
+            f"Hub is unreachable, give a local directory written by save_pretrained; check the id's spelling; for a "
+            f"private or gated model, log in with `hf auth login`.")

@@ -102,8 +102,8 @@ def check_causal_lm(model: torch.nn.Module) -> None:
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:
     """The given tokenizer, or the model's; a missing pad token becomes the EOS token."""
     check_model_name(model)
-    tokenizer = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(
-        model if isinstance(model, str) else model.config._name_or_path,
+    tokenizer = processing_class if processing_class is not None else loading.from_pretrained(
+        AutoTokenizer.from_pretrained, model if isinstance(model, str) else model.config._name_or_path, "model",
         **({"trust_remote_code": True} if trust_remote_code else {}),
     )
     if tokenizer.pad_token_id is None:
@@ -121,7 +121,7 @@ def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig
         init_kwargs = loading.model_init_kwargs(args)
         if quantization_config is not None:
             init_kwargs["quantization_config"] = quantization_config
-        policy = AutoModelForCausalLM.from_pretrained(model, **init_kwargs)
+        policy = loading.from_pretrained(AutoModelForCausalLM.from_pretrained, model, "model", **init_kwargs)
     else:
         trl_compat.model_init_kwargs(args, model_is_loaded=True)  # refuses kwargs that would be ignored
         policy = model

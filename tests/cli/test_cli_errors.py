@@ -3,16 +3,18 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
+import transformers
 
 from rloo.cli import main, parse_train_args
 from rloo.config_checks import ConfigError
 
-# Written ahead of the CLI changes, which land after the package move; unskipped with them.
-pytestmark = pytest.mark.skip(reason="the CLI side of these checks lands after the package move")
+
+
 
 
 @pytest.fixture
@@ -36,8 +38,10 @@ def _fails(argv, capsys, debug=False):
         main(["train", *argv, *(["--debug"] if debug else [])])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2, err
-    if not debug:
-        assert "Traceback" not in err and err.startswith("rloo: error: ") and err.count("\n") == 1, err
+    if not debug:  # progress bars may come before it; the error is one line, the last
+        lines = err.strip().splitlines()
+        assert "Traceback" not in err and lines[-1].startswith("rloo: error: "), err
+        assert sum("rloo: error: " in line for line in lines) == 1, err
     return err
 
 
@@ -68,7 +72,7 @@ def test_debug_keeps_the_traceback(tmp_path, data_file, capsys):
 
 def test_yaml_syntax_errors_name_the_line(tmp_path, capsys):
     config_file = tmp_path / "run.yaml"
-    config_file.write_text("learning_rate: 0.001\nbeta: [0.1\nseed: 3\n")
+    config_file.write_text("learning_rate: 0.001\nbeta: 0.1: 2\nseed: 3\n")
     err = _fails(["--config", str(config_file)], capsys)
     assert f"{config_file} line 2" in err and "column" in err
 
@@ -93,7 +97,7 @@ def test_plain_yaml_numbers_and_booleans_are_read(tmp_path):
 def test_a_split_the_data_does_not_have_is_refused(tmp_path, model_dir, data_file, capsys):
     err = _fails(["--model_name_or_path", str(model_dir), "--dataset_name", str(data_file), "--reward_funcs",
                   "exact_match", "--eval_split", "test", "--output_dir", str(tmp_path / "out")], capsys)
-    assert "has no split 'test'" in err
+    assert "only split is 'train', not 'test'" in err
 
 
 def test_a_hub_id_while_offline_says_so(tmp_path, data_file):
@@ -104,3 +108,30 @@ def test_a_hub_id_while_offline_says_so(tmp_path, data_file):
                             timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "cannot be loaded offline" in result.stderr and "local" in result.stderr
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_while_the_model_loads_stops_cleanly(tmp_path, model_dir, data_file, capsys, monkeypatch, signum,
+                                                      status):
+    def signalled_load(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        raise AssertionError("the signal should have stopped the load")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", signalled_load)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--model_name_or_path", str(model_dir), "--dataset_name", str(data_file),
+              "--reward_funcs", "exact_match", "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == status and "Traceback" not in err
+    assert f"stopped by {signal.Signals(signum).name} before training began; nothing was saved" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_used_output_dir_is_refused_before_loading(tmp_path, data_file, capsys, monkeypatch):
+    used = tmp_path / "out"
+    used.mkdir()
+    (used / "metrics.jsonl").write_text("{}\n")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    err = _fails(["--model_name_or_path", "some-org/some-model", "--dataset_name", str(data_file),
+                  "--reward_funcs", "exact_match", "--output_dir", str(used)], capsys)
+    assert "holds another run's files (metrics.jsonl)" in err

@@ -68,3 +68,11 @@ def test_a_split_the_data_does_not_have_is_refused(tmp_path):
     assert len(load_prompt_dataset(str(folder), "train")) == 1
     with pytest.raises(ConfigError, match=r"has no split 'validation'.*train"):
         load_prompt_dataset(str(folder), "validation")
+
+
+def test_a_reward_model_path_that_does_not_exist_is_named(tmp_path, make_model, tokenizer):
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=4, max_steps=1, save_steps=0, report_to="none")
+    with pytest.raises(ConfigError, match=r"reward model path './nonexistent/rm' does not exist"):
+        RLOOTrainer(make_model(), "./nonexistent/rm", args=args, processing_class=tokenizer,
+                    train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 4))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
+from ..config import ConfigError
 from ..data.prompts import is_conversational
 
 
@@ -54,8 +55,11 @@ class RewardModel:
                         name: str | None = None, **init_kwargs: Any) -> "RewardModel":
         """Load a reward model (and, unless given, its tokenizer) from a model id or local path;
         `init_kwargs` (attn_implementation, revision, trust_remote_code, ...) go to `from_pretrained`."""
+        from ..loading import from_pretrained
+
         init_kwargs.setdefault("trust_remote_code", False)
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype, **init_kwargs)
+        model = from_pretrained(AutoModelForSequenceClassification.from_pretrained, path, "reward model", num_labels=1,
+                                dtype=dtype, **init_kwargs)
         if device is not None:
             model = model.to(device)
         tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
@@ -98,6 +102,10 @@ def as_reward_model(spec: str | PreTrainedModel, tokenizer: Any = None, device: 
     """A RewardModel from a model id/path (loaded with `model_init_kwargs`) or a loaded PreTrainedModel
     (moved to `device`)."""
     if isinstance(spec, str):
+        path = Path(spec).expanduser()
+        if not path.exists() and (spec.startswith((".", "/", "~")) or len(path.parts) > 2 or spec.endswith("/")):
+            raise ConfigError(f"reward model path {spec!r} does not exist; give a local reward model directory "
+                              f"(save_pretrained), a Hub id (org/name), or a reward function.")
         kwargs = dict(model_init_kwargs or {})
         kwargs.pop("quantization_config", None)  # QLoRA quantizes the trained policy only
         return RewardModel.from_pretrained(spec, tokenizer=tokenizer, device=device, **kwargs)
