@@ -93,3 +93,14 @@ def test_every_group_zero_spread_is_reported_once(tmp_path, make_model, tokenize
     assert out.count("got the same reward") == 1 and "dynamic_sampling" in out
     assert all(line["dynamic_sampling/zero_spread_kept"] == 2 and line["dynamic_sampling/dropped_frac"] == 1.0
                for line in lines)
+
+
+@pytest.mark.parametrize("options", [dict(num_iterations=2), dict(num_mini_batches=2, beta=0.1, kl_penalty="token"),
+                                     dict(beta=0.1, kl_penalty="loss", loss_agg_mode="token-mean")])
+def test_dynamic_sampling_with_reuse_and_kl(tmp_path, make_model, tokenizer, digit_dataset, options):
+    lines = _metrics(tmp_path, make_model, tokenizer, digit_dataset, half_constant, dynamic_sampling=True,
+                     dynamic_sampling_max_rounds=4, **options)
+    assert len(lines) == 6 and all(line["loss/policy_avg"] == line["loss/policy_avg"] for line in lines)  # no NaN
+    for line in lines:
+        if line["dynamic_sampling/zero_spread_kept"] == 0:
+            assert line["frac_reward_zero_std"] == 0.0
