@@ -62,6 +62,7 @@ ADVANTAGE_ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")
 KL_PENALTIES = ("sequence", "token", "loss")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 NAN_POLICIES = ("skip", "stop")
+REWARD_ERROR_POLICIES = ("stop", "none")
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -360,6 +361,10 @@ class RLOOConfig:
     nan_policy: str = "skip"
     """What to do with an optimizer step whose loss or gradient norm is NaN or inf: "skip" (drop its
     gradients, leave the weights unchanged, log a warning and `train/nonfinite_skipped`) or "stop" (raise)."""
+    reward_error_policy: str = "stop"
+    """What to do when a reward function raises: "stop" (as TRL: the run ends with a RewardError naming
+    the function, step and sample; the last checkpoint is kept) or "none" (the completions it raised on
+    are scored None by that function, a warning names the count, and `rewards/<name>/errors` logs it)."""
 
     def __post_init__(self) -> None:
         from .config_checks import validate  # here: that module imports this one

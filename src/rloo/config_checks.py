@@ -25,6 +25,7 @@ from .config import (
     LR_SCHEDULERS,
     MODEL_DTYPES,
     NAN_POLICIES,
+    REWARD_ERROR_POLICIES,
     OPTIMIZERS,
     SAMPLER_CORRECTION_MODES,
     SAMPLERS,
@@ -223,6 +224,8 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
     require(dtype in MODEL_DTYPES or not isinstance(dtype, str),
             f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
     require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
+    require(c.reward_error_policy in REWARD_ERROR_POLICIES,
+            f"reward_error_policy must be one of {REWARD_ERROR_POLICIES}, got {c.reward_error_policy!r}.")
     require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",
             f"output_dir must be a non-empty directory path, got {c.output_dir!r}.")
     require(not os.path.exists(c.output_dir) or os.path.isdir(c.output_dir),

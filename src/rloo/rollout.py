@@ -133,6 +133,7 @@ class RolloutCollector:
     reward_weights: list[float]
     trainer_state: Any = None  # what reward functions get as `trainer_state`; the trainer sets its TrainerState
     keep_old_logps: bool = False  # keep pi_old even for one step per rollout (async rollouts train off-policy)
+    warned_unscored: bool = False  # the "no reward scored anything" warning was given (it is given once)
 
     @torch.no_grad()
     def collect(self, rows: list[dict[str, Any]], global_step: int = 0, episode: int = 0,
@@ -206,7 +207,12 @@ class RolloutCollector:
         reward_log = RewardLog()
         arguments.update(log_extra=reward_log.log_extra, log_metric=reward_log.log_metric)
         scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
-                                   step=global_step)
+                                   step=global_step, error_policy=self.args.reward_error_policy,
+                                   warn_unscored=not self.warned_unscored)
+        self.warned_unscored = self.warned_unscored or not bool(scored.valid.any())  # said once per run, not per step
+        if self.args.reward_error_policy == "none":
+            for fn in self.reward_functions:
+                reward_log.log_metric(f"rewards/{fn.name}/errors", scored.errors.get(fn.name, 0))
         return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns),
                                metrics=reward_log.metrics())
 

@@ -147,6 +147,7 @@ class ScoredBatch:
     scores: torch.Tensor  # (B,) weighted sum over the functions that scored each sample; 0 if none did
     per_function: torch.Tensor  # (B, F) each function's reward, NaN where it returned None
     valid: torch.Tensor  # (B,) bool: at least one function scored the sample
+    errors: dict[str, int] = field(default_factory=dict)  # completions each function raised on (policy "none")
 
 
 def score_completions(
@@ -155,6 +156,8 @@ def score_completions(
     arguments: dict[str, Any],
     num_completions: int,
     step: int = 0,
+    error_policy: str = "stop",
+    warn_unscored: bool = True,
 ) -> ScoredBatch:
     """Run every reward function on a batch, check each value, and combine them with their weights.
 
@@ -165,25 +168,29 @@ def score_completions(
             trainer_state); the per-completion ones are lists of length num_completions.
         num_completions: B, the number of completions scored.
         step: the optimizer step, named in error messages.
+        error_policy: "stop" raises when a function raises; "none" scores the completions it raised on
+            None (each completion re-scored alone to find them) and counts them in `errors`.
+        warn_unscored: warn when no function scored any completion (the trainer warns once per run).
 
     Raises:
         RewardError: naming the function, the step and the sample, when a function raises or
             returns a wrong count, a non-number, NaN or inf.
     """
-    outputs = _call_all(reward_functions, arguments, step)
+    errors: dict[str, int] = {}
+    outputs = _call_all(reward_functions, arguments, step, errors if error_policy == "none" else None)
     columns = [_checked_column(fn, values, arguments, num_completions, step)
                for fn, values in zip(reward_functions, outputs)]
     per_function = torch.stack(columns, dim=1)  # (B, F)
     scored = ~per_function.isnan()
     weighted = torch.where(scored, per_function, torch.zeros_like(per_function)) * torch.tensor(weights, dtype=torch.float32)
     _check_float32(reward_functions, per_function, weighted, weights, arguments, step)
-    if not scored.any():
+    if warn_unscored and not scored.any():
         # TRL's sentence first (scripts may match it), then what it means here.
         logger.warning("All reward functions returned None for the following kwargs:\n%s\n"
                        "step %d: every reward function returned None for every one of the %d completions; "
                        "their scores are 0 and this batch teaches nothing. Check that the rewards apply to "
                        "this dataset.", _describe_sample(arguments, 0), step, num_completions)
-    return ScoredBatch(scores=weighted.sum(dim=1), per_function=per_function, valid=scored.any(dim=1))
+    return ScoredBatch(scores=weighted.sum(dim=1), per_function=per_function, valid=scored.any(dim=1), errors=errors)
 
 
 def _check_float32(reward_functions: Sequence[RewardFunction], per_function: torch.Tensor, weighted: torch.Tensor,
@@ -221,15 +228,19 @@ def reward_function_metrics(names: Sequence[str], per_function: torch.Tensor) ->
 # ------------------------------------------------------------------ calling and checking
 
 
-def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, Any], step: int) -> list[Any]:
-    """Outputs of every function, in order: plain ones called in turn, async ones awaited together."""
+def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, Any], step: int,
+              errors: dict[str, int] | None = None) -> list[Any]:
+    """Outputs of every function, in order: plain ones called in turn, async ones awaited together.
+    With `errors` (reward_error_policy "none"), a function that raises is scored None where it raises."""
     outputs: list[Any] = [None] * len(reward_functions)
     pending: dict[int, Any] = {}
     for index, fn in enumerate(reward_functions):
         try:
             result = fn(arguments)
         except Exception as error:
-            raise _raised_error(fn, arguments, step, error) from error
+            if errors is None:
+                raise _raised_error(fn, arguments, step, error) from error
+            result = _scored_alone(fn, arguments, step, error, errors)
         if inspect.isawaitable(result):
             pending[index] = result
         else:
@@ -238,9 +249,44 @@ def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, A
         results = _run_coroutines(list(pending.values()))
         for (index, fn), result in zip(((i, reward_functions[i]) for i in pending), results):
             if isinstance(result, BaseException):
-                raise _raised_error(fn, arguments, step, result) from result
+                if errors is None:
+                    raise _raised_error(fn, arguments, step, result) from result
+                result = _none_for_all(fn, arguments, step, result, errors)
             outputs[index] = result
     return outputs
+
+
+def _scored_alone(fn: RewardFunction, arguments: dict[str, Any], step: int, error: BaseException,
+                  errors: dict[str, int]) -> list[Any]:
+    """A function that raised on the batch, called on each completion alone: None where it raises again."""
+    num_completions = len(arguments.get("completions", []))
+    values: list[Any] = []
+    raised = 0
+    for index in range(num_completions):
+        single = {k: v[index : index + 1] if isinstance(v, list) and len(v) == num_completions else v
+                  for k, v in arguments.items()}
+        try:
+            value = fn(single)
+        except Exception:
+            raised += 1
+            values.append(None)
+            continue
+        values.append(value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value)
+    errors[fn.name] = raised
+    logger.warning("reward function `%s` raised %s: %s at step %d; the %d of %d completions it raises on are scored "
+                   "None (reward_error_policy='none').", fn.name, type(error).__name__, error, step,
+                   errors[fn.name], num_completions)
+    return values
+
+
+def _none_for_all(fn: RewardFunction, arguments: dict[str, Any], step: int, error: BaseException,
+                  errors: dict[str, int]) -> list[Any]:
+    """An async function that raised: every completion of the batch is scored None by it."""
+    num_completions = len(arguments.get("completions", []))
+    errors[fn.name] = num_completions
+    logger.warning("reward function `%s` raised %s: %s at step %d; its %d completions are scored None "
+                   "(reward_error_policy='none').", fn.name, type(error).__name__, error, step, num_completions)
+    return [None] * num_completions
 
 
 def _run_coroutines(awaitables: list[Any]) -> list[Any]:
