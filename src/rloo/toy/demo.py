@@ -21,10 +21,29 @@ import torch
 
 from ..config import RLOOConfig
 from ..rewards import exact_match
+from ..run_control import previous_run_files
 from ..trainer import RLOOTrainer
 from .evaluation import greedy_accuracy
 from .tasks import addition_split
 from .warm_start import ADDITION_NUM_EVAL, warm_started_addition_model
+
+
+MARKER = ".rloo-demo"  # in an output_dir the demo wrote: a later demo may replace that run
+
+
+def claim_output_dir(output_dir: str | Path) -> bool:
+    """The demo owns its output folder: one holding an earlier demo run (its marker file) is handed
+    over to the new run, which replaces it (returns True). A folder holding any other run's files is
+    left alone, and the trainer refuses it with its usual message; an empty or new one is marked."""
+    directory = Path(output_dir)
+    if (directory / MARKER).exists() or (directory / "demo_result.json").exists():  # the latter: older demos
+        print(f"replacing the earlier demo run in {directory}")
+        return True
+    if previous_run_files(directory):
+        return False
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MARKER).write_text("written by `rloo demo`: a later `rloo demo` replaces the run in this folder\n")
+    return False
 
 
 def default_cache_dir() -> Path:
@@ -66,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     # 4. RLOO with an exact-match reward.
     config = RLOOConfig(
         output_dir=options.output_dir,
+        overwrite_output_dir=claim_output_dir(options.output_dir),
         seed=options.seed,
         num_generations=options.num_generations,
         per_device_train_batch_size=options.batch_size,
