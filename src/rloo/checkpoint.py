@@ -58,14 +58,19 @@ class CheckpointError(RuntimeError):
 def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,
                output_dir: str) -> None:
     """Save the policy (or its adapters under LoRA), the tokenizer and the config with save_pretrained;
-    from a sharded run (FSDP2, ZeRO-3) the full weights, gathered on the main process."""
+    from a sharded run (FSDP2, ZeRO-3) the full weights, gathered on the main process. A write failure
+    is a CheckpointError naming the folder."""
     accelerator.wait_for_everyone()
     state_dict = full_state_dict(accelerator, model)  # every process: a collective under sharding
     if accelerator.is_main_process:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        accelerator.unwrap_model(model).save_pretrained(output_dir, state_dict=state_dict)
-        tokenizer.save_pretrained(output_dir)
-        (Path(output_dir) / "rloo_config.json").write_text(json.dumps(args.to_dict(), indent=2, default=str))
+        try:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            accelerator.unwrap_model(model).save_pretrained(output_dir, state_dict=state_dict)
+            tokenizer.save_pretrained(output_dir)
+            (Path(output_dir) / "rloo_config.json").write_text(json.dumps(args.to_dict(), indent=2, default=str))
+        except OSError as error:
+            raise CheckpointError(f"could not write the model into {str(output_dir)!r}: {error}. Free disk space or "
+                                  f"fix the folder's permissions (or choose another output_dir).") from error
     accelerator.wait_for_everyone()
 
 
@@ -93,8 +98,19 @@ def check_finite_weights(model: torch.nn.Module, step: int, accelerator: Acceler
 
 def save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,
                     global_step: int, rollout_index: int, episode: int, run_id: str = "") -> Path:
-    """Write `checkpoint-<global_step>` atomically and rotate this run's old checkpoints; returns its path."""
+    """Write `checkpoint-<global_step>` atomically and rotate this run's old checkpoints; returns its path.
+    A write failure (a full disk, a folder made read-only) is a CheckpointError naming output_dir."""
     check_finite_weights(accelerator.unwrap_model(model), global_step, accelerator)
+    try:
+        return _save_checkpoint(accelerator, model, tokenizer, args, global_step, rollout_index, episode, run_id)
+    except OSError as error:
+        raise CheckpointError(f"could not write checkpoint-{global_step} into output_dir={args.output_dir!r}: {error}. "
+                              f"Free disk space or fix the folder's permissions (or choose another output_dir); "
+                              f"the previous checkpoint is intact, so resuming from 'latest' works.") from error
+
+
+def _save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,
+                     global_step: int, rollout_index: int, episode: int, run_id: str) -> Path:
     output_dir = Path(args.output_dir)
     final = output_dir / f"checkpoint-{global_step}"
     temporary = output_dir / f".checkpoint-{global_step}.tmp"

@@ -67,3 +67,15 @@ def test_an_output_dir_that_cannot_be_created_is_refused_before_loading(tmp_path
     with pytest.raises(ConfigError, match=r"cannot be created: .*a_file' is a file, not a directory"):
         RLOOTrainer(str(tmp_path / "never" / "loaded"), _reward, args=args,
                     train_dataset=Dataset.from_list([{"prompt": "1+1="}]), processing_class=tokenizer)
+
+
+def test_a_failed_checkpoint_write_names_output_dir(tmp_path, make_model, tokenizer, monkeypatch):
+    import rloo.checkpoint
+
+    def full_disk(path, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rloo.checkpoint, "_write_synced", full_disk)
+    trainer = _trainer(tmp_path, make_model(), tokenizer, max_steps=1)
+    with pytest.raises(CheckpointError, match=r"could not write checkpoint-1 into output_dir=.*run'.*No space left"):
+        trainer.train()
