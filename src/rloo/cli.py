@@ -103,10 +103,32 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str)
         else:
             kwargs["type"] = base
         group.add_argument(f"--{f.name}", **kwargs)
+        if base is bool:
+            _add_negative_flag(parser, group, f.name)
+
+
+def _add_negative_flag(parser: argparse.ArgumentParser, group: Any, name: str) -> None:
+    """`--no_<name>` sets a boolean False, as transformers' HfArgumentParser (and so `trl rloo`) allows."""
+    if f"--no_{name}" not in parser._option_string_actions:
+        group.add_argument(f"--no_{name}", dest=name, action="store_const", const=False, default=argparse.SUPPRESS,
+                           help=f"Set {name} to False.")
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage dump): a misspelt flag gets "did you mean"."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            unknown = [a for a in message.removeprefix("unrecognized arguments: ").split() if a.startswith("-")]
+            flag = (unknown or [message.split()[-1]])[0].split("=")[0]
+            close = difflib.get_close_matches(flag, list(self._option_string_actions), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            message = f"unknown flag {flag}{hint}"
+        self.exit(2, f"rloo: error: {message} (`{self.prog} --help` lists every flag)\n")
 
 
 def build_train_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="rloo train",
         allow_abbrev=False,  # a typo must not silently match a longer flag
         description="Train a causal LM with RLOO. Values come from --config (YAML), then from flags.",
@@ -150,6 +172,8 @@ def add_trl_field_flags(parser: argparse.ArgumentParser, taken: set[str]) -> set
         trl_fields.add_argument(f"--{name}", default=argparse.SUPPRESS, metavar="BOOL" if is_bool else "VALUE",
                                 type=kind, nargs="?" if is_bool else None,
                                 const=True if is_bool else None, help=f"{answer.kind}: {answer.why}.")
+        if is_bool:
+            _add_negative_flag(parser, trl_fields, name)
         added.add(name)
     return added
 
@@ -356,6 +380,12 @@ def run_train(argv: Sequence[str]) -> None:
         raise SystemExit(status)
     if trainer.accelerator.is_main_process:  # once, not once per process
         print(f"Saved the trained model to {config.output_dir}")
+    if config.push_to_hub and trainer.accelerator.is_main_process:  # TRL's `--push_to_hub true`: push once trained
+        from .trainer_api import push_to_hub
+
+        url = push_to_hub(config.output_dir, trainer.hub_model_id, config.hub_token, config.hub_private_repo,
+                          config.hub_revision)  # train() saved the model and its card there
+        print(f"Pushed {config.output_dir} to the Hub: {url}")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
