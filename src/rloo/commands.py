@@ -35,7 +35,10 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     config = dataclasses.replace(config, report_to="none", save_steps=0)
     split = script.eval_split or script.dataset_split
     dataset = load_prompt_dataset(script.dataset_name, split, script.dataset_config)
-    tokenizer = AutoTokenizer.from_pretrained(options.model)
+    from . import loading, setup
+
+    setup.check_model_name(options.model)
+    tokenizer = loading.from_pretrained(AutoTokenizer.from_pretrained, options.model, "model")
     trainer = RLOOTrainer(model=options.model, args=config, processing_class=tokenizer,
                           reward_funcs=[resolve_reward_func(spec, tokenizer) for spec in script.reward_funcs],
                           train_dataset=dataset, eval_dataset=dataset)

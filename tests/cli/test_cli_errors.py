@@ -135,3 +135,15 @@ def test_a_used_output_dir_is_refused_before_loading(tmp_path, data_file, capsys
     err = _fails(["--model_name_or_path", "some-org/some-model", "--dataset_name", str(data_file),
                   "--reward_funcs", "exact_match", "--output_dir", str(used)], capsys)
     assert "holds another run's files (metrics.jsonl)" in err
+
+
+def test_rloo_eval_names_a_missing_model_and_a_missing_split(tmp_path, data_file, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--model", str(tmp_path / "no" / "such" / "model"), "--dataset_name", str(data_file),
+              "--reward_funcs", "exact_match"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err and "does not exist" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--model", str(tmp_path), "--dataset_name", str(data_file), "--dataset_split", "validation",
+              "--reward_funcs", "exact_match"])
+    assert exit_info.value.code == 2 and "only split is 'train', not 'validation'" in capsys.readouterr().err
