@@ -76,8 +76,11 @@ def select_rows_of(rollout: Rollout, rows: torch.Tensor) -> Rollout:
 
 def select_samples(samples: list[Samples], picks: list[tuple[int, int]]) -> Samples:
     """The text side of the picked (round, row) completions; reward-logged metrics of the first round."""
-    extra = {key: [samples[r].extra[key][i] for r, i in picks if i < len(samples[r].extra.get(key, []))]
-             for key in samples[0].extra}
+    def cell(key: str, r: int, i: int) -> Any:
+        values = samples[r].extra.get(key, [])
+        return values[i] if i < len(values) else None
+
+    extra = {key: [cell(key, r, i) for r, i in picks] for key in samples[0].extra}
     return Samples(prompts=[samples[r].prompts[i] for r, i in picks],
                    completions=[samples[r].completions[i] for r, i in picks], extra=extra,
                    metrics=dict(samples[0].metrics))
