@@ -391,9 +391,10 @@ def run_train(argv: Sequence[str]) -> None:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by bad input: printed as one message, without a traceback (--debug shows it), exit status 2."""
     from .checkpoint import CheckpointError
+    from .launch import LaunchError
     from .rewards.scoring import RewardError
 
-    return (ConfigError, CheckpointError, FileNotFoundError, RewardError, trl_compat.TRLFieldError)
+    return (ConfigError, CheckpointError, FileNotFoundError, RewardError, trl_compat.TRLFieldError, LaunchError)
 
 
 class _Terminated(BaseException):
