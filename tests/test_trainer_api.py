@@ -59,12 +59,13 @@ def test_callbacks_state_and_train_output(tmp_path, make_model, tokenizer, digit
     assert [e for e in recorder.events if e[0] == "evaluate"] == [("evaluate", True, 3)]
     assert isinstance(out, TrainOutput) and out.global_step == 3 and out["reward"] == out.metrics["reward"]
     history = trainer.state.log_history
+    # the last step's figures move into transformers' closing entry, after the final eval
     assert [h["step"] for h in history if "reward" in h] == [1, 2, 3] and "eval/reward" in history[-2]
     # transformers' closing entry comes last, and train() returns its figures too.
     closing = history[-1]
     assert set(closing) >= {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "epoch"}
     assert closing["step"] == 3 and closing["train_loss"] == out.training_loss == out["train_loss"]
-    assert closing["train_steps_per_second"] == pytest.approx(3 / closing["train_runtime"], abs=1e-3)
+    assert closing["train_steps_per_second"] == pytest.approx(3 / closing["train_runtime"], rel=1e-2, abs=1e-3)
     assert out.training_loss == pytest.approx(
         sum(h["loss/policy_avg"] for h in history if "loss/policy_avg" in h) / 3)
 

@@ -289,3 +289,31 @@ def test_trl_1_16_names_alongside_v0_names(tmp_path, make_model, tokenizer, digi
         logged["rewards/digit_fraction/mean"] and charted["train/completions/mean_length"] == logged[
             "completions/mean_length"]
     assert "eval/reward" in charted and "eval_reward" not in charted and "objective/kl" in charted
+
+
+def test_closing_entry_takes_the_last_steps_figures(tmp_path, make_model, tokenizer, digit_dataset):
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, max_steps=3),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.train()
+    history = trainer.state.log_history
+    assert [h["step"] for h in history] == [1, 2, 3]  # step 3's log is the closing entry, not repeated
+    closing = history[-1]
+    assert "rewards/digit_fraction/mean" in closing and "reward" in closing and "train_loss" in closing
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["reward"] == closing["reward"]
+
+
+def test_one_tokenizer_for_two_reward_models_is_refused(tmp_path, make_model, tokenizer, digit_dataset):
+    import transformers
+
+    reward_model = transformers.Qwen2ForSequenceClassification(transformers.Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, num_labels=1, pad_token_id=tokenizer.pad_token_id))
+    with pytest.raises(ValueError, match="must match"):
+        RLOOTrainer(make_model(), [reward_model, reward_model], args=_config(tmp_path), train_dataset=digit_dataset,
+                    processing_class=tokenizer, reward_processing_classes=tokenizer)
+    trainer = RLOOTrainer(make_model(), [reward_model, digit_fraction], args=_config(tmp_path),
+                          train_dataset=digit_dataset, processing_class=tokenizer, reward_processing_classes=tokenizer)
+    assert trainer.reward_processing_classes[1] is None and trainer.reward_funcs[0] is reward_model

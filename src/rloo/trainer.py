@@ -295,11 +295,17 @@ class RLOOTrainer:
 
     def _log_closing(self, runtime: float, episodes: int, steps: int) -> dict[str, float]:
         """The entry transformers' Trainer closes log_history with (train_runtime, train_samples_per_second,
-        train_steps_per_second, train_loss, epoch); it reaches callbacks' on_log but not rloo's metric files."""
-        closing = {"train_runtime": round(runtime, 4),
+        train_steps_per_second, train_loss, epoch); it reaches callbacks' on_log but not rloo's metric files.
+        TRL's also carries the training figures of the steps since the last log; rloo always logs the last
+        step, so that step's log entry moves into the closing one (each step's figures stay in one entry)."""
+        train_loss, history = self._training_loss(), self.state.log_history
+        last = next((i for i in range(len(history) - 1, -1, -1)
+                     if history[i].get("step") == self.global_step and "loss/policy_avg" in history[i]), None)
+        carried = {k: v for k, v in history.pop(last).items() if k not in ("step", "epoch")} if last is not None else {}
+        closing = {**carried, "train_runtime": round(runtime, 4),
                    "train_samples_per_second": round(episodes / max(runtime, 1e-9), 3),
                    "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
-                   "total_flos": 0.0, "train_loss": self._training_loss(), "epoch": self.epoch}
+                   "total_flos": 0.0, "train_loss": train_loss, "epoch": self.epoch}
         self.callback_handler.log(closing, self.global_step)
         return closing
 

@@ -106,6 +106,12 @@ def build_reward_functions(reward_funcs: Any, reward_processing_classes: Any = N
     from .reward_model import as_reward_model
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    models = sum(isinstance(func, (str, PreTrainedModel)) for func in funcs)
+    if reward_processing_classes is not None and not isinstance(reward_processing_classes, (list, tuple)) \
+            and models > 1:  # which model is it for? TRL refuses this too ("must match")
+        raise ValueError(f"reward_processing_classes is one tokenizer for {models} reward models; the number of "
+                         f"tokenizers must match: give a list aligned with reward_funcs (None for plain functions and "
+                         f"for models whose own tokenizer should be loaded).")
     if reward_processing_classes is None or not isinstance(reward_processing_classes, (list, tuple)):
         tokenizers = [reward_processing_classes] * len(funcs)
     else:
