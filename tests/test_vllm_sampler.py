@@ -6,6 +6,7 @@ merged), sleep/wake order, and the engine's log-probs reaching the trainer.
 """
 
 import importlib.machinery
+import os
 import sys
 import types
 from types import SimpleNamespace
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.generation.vllm import VLLMSampler, policy_weights
+from rloo.config_checks import ConfigError
+from rloo.generation.vllm import VLLMSampler, check_vllm_version, engine_options, policy_weights
 
 from conftest import digit_fraction
 
@@ -69,10 +71,16 @@ def fake_vllm(monkeypatch, tokenizer):
     FakeLLM.instances.clear()
     module = types.ModuleType("vllm")
     module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    module.__version__ = "0.32.0"
     one_id = tokenizer("1", add_special_tokens=False)["input_ids"][0]
     module.LLM = lambda **kwargs: FakeLLM(tokenizer.eos_token_id, one_id, **kwargs)
     module.SamplingParams = lambda **kwargs: SimpleNamespace(kwargs=kwargs)
+    platforms = types.ModuleType("vllm.platforms")  # the fake stands in for a GPU engine
+    platforms.current_platform = SimpleNamespace(is_cpu=lambda: False)
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # the engine sets them
+        monkeypatch.delenv(name, raising=False)
     return FakeLLM.instances
 
 
@@ -89,10 +97,12 @@ def test_colocated_engine_sampling_params_parsing_and_logprobs(tmp_path, fake_vl
     rollout, samples = trainer.collect([digit_dataset[i] for i in range(2)])
     llm = fake_vllm[0]
     assert llm.kwargs["gpu_memory_utilization"] == 0.5 and llm.kwargs["tensor_parallel_size"] == 1
-    assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and llm.kwargs["max_model_len"] == 512 + 6
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and "max_model_len" not in llm.kwargs
+    assert llm.kwargs["dtype"] == torch.float32  # the policy's
+    assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"  # a plain `python` run is a world of one
     _, num_prompts, params = llm.calls[-1]
     assert num_prompts == 2
-    assert params == dict(n=4, logprobs=0, temperature=0.7, top_p=1.0, top_k=5, max_tokens=6,
+    assert params == dict(n=4, logprobs=0, temperature=0.7, top_p=1.0, top_k=5, min_p=0.0, max_tokens=6,
                           stop_token_ids=[tokenizer.eos_token_id])
     assert samples.completions[:4] == ["1", "11", "111", "1111"]
     assert rollout.has_eos.tolist() == [True, True, False, False] * 2  # EOS only where the engine gave one
@@ -182,3 +192,36 @@ def test_colocate_without_vllm_is_a_config_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ConfigError, match="rloo\\[vllm\\]"):
         RLOOConfig(sampler="vllm")
+
+
+def test_max_model_length_reaches_the_engine(tmp_path, fake_vllm, make_model, tokenizer, digit_dataset):
+    args = _args(tmp_path, vllm_max_model_length=128)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.collect([digit_dataset[0]])
+    assert fake_vllm[0].kwargs["max_model_len"] == 128
+
+
+@pytest.mark.parametrize("value", [0, -5, 1.5, "long"])
+def test_max_model_length_must_be_a_positive_integer(value):
+    with pytest.raises(ConfigError, match="vllm_max_model_length"):
+        RLOOConfig(vllm_max_model_length=value)
+
+
+@pytest.mark.parametrize("version,ok", [("0.32.0", True), ("0.32.4", True), ("0.31.1", False), ("0.33.0", False)])
+def test_untested_vllm_versions_are_refused_by_name(version, ok, monkeypatch):
+    monkeypatch.delenv("RLOO_ALLOW_UNTESTED_VLLM", raising=False)
+    if ok:
+        check_vllm_version(version)
+        return
+    with pytest.raises(ImportError, match=f"vLLM {version} is installed.*0.32.x.*RLOO_ALLOW_UNTESTED_VLLM=1"):
+        check_vllm_version(version)
+    monkeypatch.setenv("RLOO_ALLOW_UNTESTED_VLLM", "1")
+    check_vllm_version(version)
+
+
+def test_cpu_engine_refuses_sleep_mode_and_ignores_gpu_memory_with_a_warning():
+    with pytest.raises(ValueError, match="vllm_enable_sleep_mode=True needs vLLM on a GPU"):
+        engine_options(RLOOConfig(vllm_enable_sleep_mode=True), torch.float32, on_cpu=True)
+    with pytest.warns(UserWarning, match="vllm_gpu_memory_utilization=0.5 is ignored.*VLLM_CPU_KVCACHE_SPACE"):
+        options = engine_options(RLOOConfig(vllm_gpu_memory_utilization=0.5), torch.bfloat16, on_cpu=True)
+    assert "gpu_memory_utilization" not in options and options["dtype"] == torch.bfloat16

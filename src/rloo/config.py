@@ -294,12 +294,16 @@ class RLOOConfig:
     """With sampler="vllm": "colocate" runs a vLLM engine inside each training process; "server"
     talks to a separate `trl vllm-serve` process through TRL's VLLMClient."""
     vllm_gpu_memory_utilization: float = 0.3
-    """Colocate mode: the fraction of the GPU's memory the vLLM engine may take (weights and KV cache)."""
+    """Colocate mode: the fraction of the GPU's memory the vLLM engine may take (weights and KV cache).
+    Ignored, with a warning, on vLLM's CPU engine, which sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (GB)."""
     vllm_tensor_parallel_size: int = 1
     """Colocate mode: GPUs one vLLM engine is split over."""
+    vllm_max_model_length: int | None = None
+    """Colocate mode: the longest sequence (prompt + completion, tokens) the vLLM engine accepts. None lets
+    the engine take the model's own limit (its max_position_embeddings), as TRL does."""
     vllm_enable_sleep_mode: bool = False
     """Colocate mode: put the engine to sleep (weights and KV cache off the GPU) between generations
-    and wake it before the next, so training gets the memory back."""
+    and wake it before the next, so training gets the memory back. GPU only: refused on vLLM's CPU engine."""
     vllm_server_base_url: str | None = None
     """Server mode: the server's URL (e.g. "http://host:8000"); when unset, host and port are used."""
     vllm_server_host: str = "0.0.0.0"

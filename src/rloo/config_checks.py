@@ -288,6 +288,9 @@ def _check_scale_out(c: RLOOConfig) -> None:
             f"vllm_gpu_memory_utilization must be in (0, 1], got {c.vllm_gpu_memory_utilization!r}.")
     require(isinstance(c.vllm_tensor_parallel_size, int) and c.vllm_tensor_parallel_size >= 1,
             f"vllm_tensor_parallel_size must be a positive integer, got {c.vllm_tensor_parallel_size!r}.")
+    require(c.vllm_max_model_length is None or (isinstance(c.vllm_max_model_length, int) and c.vllm_max_model_length > 0),
+            f"vllm_max_model_length must be a positive integer (tokens) or None (the model's own limit), "
+            f"got {c.vllm_max_model_length!r}.")
     require(c.vllm_server_timeout > 0, f"vllm_server_timeout must be > 0, got {c.vllm_server_timeout!r}.")
     require(c.vllm_importance_sampling_cap >= 1,
             f"vllm_importance_sampling_cap must be >= 1 (a cap below 1 would shrink every on-policy token), "

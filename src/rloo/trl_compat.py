@@ -377,8 +377,7 @@ TRL_FIELDS: dict[str, Answer] = {
     "use_vllm": mapped(False, "True sets sampler='vllm' (vllm_mode and the other vllm_* fields are rloo's own)",
                        _use_vllm),
     **{name: refused(default, VLLM, VLLM_INSTEAD) for name, default in (
-        ("vllm_model_impl", "vllm"), ("vllm_structured_outputs_regex", None), ("vllm_group_port", 51216),
-        ("vllm_max_model_length", None))},
+        ("vllm_model_impl", "vllm"), ("vllm_structured_outputs_regex", None), ("vllm_group_port", 51216))},
     # --- TRL RLOOConfig: reference model and logging ---
     "sync_ref_model": accepted(False, "honoured: every ref_model_sync_steps optimizer steps the reference becomes "
                                "(1 - ref_model_mixup_alpha) * reference + ref_model_mixup_alpha * policy (TR-DPO); it "

