@@ -13,12 +13,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import digit_fraction
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.config_checks import ConfigError
-from rloo.generation.vllm import VLLMSampler, check_vllm_version, engine_options, policy_weights
-
-from conftest import digit_fraction
+from rloo.generation.vllm import (
+    VLLMSampler,
+    check_vllm_version,
+    engine_options,
+    policy_weights,
+)
 
 
 def length_reward(completions, **kwargs):
@@ -115,13 +119,13 @@ def test_weights_pushed_before_each_generation_after_a_step_with_sleep_between(t
                                                                                 tokenizer, digit_dataset):
     args = _args(tmp_path, vllm_enable_sleep_mode=True)
     trainer = RLOOTrainer(make_model(), length_reward, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters(remove_duplicate=False)}
     metrics = trainer.train()
     llm = fake_vllm[0]
     calls = [c if isinstance(c, str) else c[0] for c in llm.calls]
     assert calls == ["wake_up", "load_weights", "reset_prefix_cache", "generate", "sleep"] * 2
     first, second = llm.loaded
-    assert set(first) == {n for n, _ in trainer.model.named_parameters()}
+    assert set(first) == {n for n, _ in trainer.model.named_parameters(remove_duplicate=False)}
     for name, param in trainer.model.named_parameters():
         torch.testing.assert_close(first[name], before[name])  # the initial policy
     changed = [name for name in first if not torch.equal(first[name], second[name])]
@@ -133,7 +137,7 @@ def test_lora_is_merged_for_the_push_and_unmerged_after(make_model):
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(make_model(), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], init_lora_weights=False))
-    base_names = {n for n, _ in make_model().named_parameters()}
+    base_names = {n for n, _ in make_model().named_parameters(remove_duplicate=False)}
     engine = SimpleNamespace(loaded=None, load_weights=lambda w: setattr(engine, "loaded", {n: t.clone() for n, t in w}))
     sampler = VLLMSampler(0, [1], 4, engine=engine)
     q = model.base_model.model.model.layers[0].self_attn.q_proj
@@ -177,7 +181,7 @@ def test_server_mode_uses_trls_client(tmp_path, monkeypatch, make_model, tokeniz
     assert record[0] == ("init", dict(base_url="http://h:9000", host="0.0.0.0", server_port=8000, connection_timeout=5.0))
     assert record[1] == ("init_communicator", "cpu")
     updates = [r[1] for r in record if r[0] == "update"]
-    assert updates == [n for n, _ in trainer.model.named_parameters()]
+    assert updates == [n for n, _ in trainer.model.named_parameters(remove_duplicate=False)]
     generate = next(r for r in record if r[0] == "generate")
     assert generate[1:3] == (2, 4) and generate[3]["max_tokens"] == 6
     assert record.index(("reset_prefix_cache",)) < record.index(generate)

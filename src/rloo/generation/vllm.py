@@ -44,7 +44,8 @@ class Engine(Protocol):
 def policy_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, tensor) of the policy's weights as a plain model holds them.
 
-    A tensor shared by two modules (tied embeddings) comes once per name. Under LoRA the adapters must already be merged (`merge_adapter`): the PEFT wrapper's prefixes
+    A tensor shared by two modules (tied embeddings) comes once per name. Under LoRA the adapters
+    must already be merged (`merge_adapter`): the PEFT wrapper's prefixes
     and `.base_layer` are stripped and the adapter matrices skipped, so the names are the base model's.
     """
     is_peft = hasattr(model, "disable_adapter")
