@@ -317,3 +317,60 @@ def test_one_tokenizer_for_two_reward_models_is_refused(tmp_path, make_model, to
     trainer = RLOOTrainer(make_model(), [reward_model, digit_fraction], args=_config(tmp_path),
                           train_dataset=digit_dataset, processing_class=tokenizer, reward_processing_classes=tokenizer)
     assert trainer.reward_processing_classes[1] is None and trainer.reward_funcs[0] is reward_model
+
+
+def _tiny_moe(tokenizer, seed=0):
+    import torch
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, head_dim=8,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(seed)
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def test_router_aux_loss_joins_the_gradient_by_hand(tmp_path, tokenizer, digit_dataset):
+    """grad(step loss with coef c) == grad(step loss without) + c * grad(the model's own aux_loss), per micro-batch
+    averaged over the step's micro-batches; the logged aux_loss is that mean."""
+    import torch
+
+    coef = 0.5
+    grads, logged = {}, {}
+    for c in (0.0, coef):
+        extra = {"router_aux_loss_coef": c} if c else {}
+        args = _config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=1, **extra)
+        trainer = RLOOTrainer(_tiny_moe(tokenizer), digit_fraction, args=args, train_dataset=digit_dataset,
+                              processing_class=tokenizer)
+        assert trainer.aux_loss_enabled is bool(c)
+        torch.manual_seed(1)
+        rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+        trainer.optimizer.zero_grad()
+        stats = trainer.learner.accumulate_gradients(rollout)
+        grads[c] = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        logged[c] = stats.get("aux_loss")
+        if c:
+            model, micro_aux = trainer.model, []
+            model.zero_grad()
+            for index in range(2):  # the model's own router loss on each micro-batch, by plain forward
+                micro = rollout.micro_batch(index * 4, 4)
+                out = model(input_ids=torch.cat([micro.prompt_ids, micro.completion_ids], 1),
+                            attention_mask=torch.cat([micro.prompt_mask, torch.ones_like(micro.completion_mask)], 1),
+                            output_router_logits=True)
+                micro_aux.append(out.aux_loss)
+            (coef * sum(micro_aux) / 2).backward()
+            direct = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert logged[0.0] is None and logged[coef] == pytest.approx(float(sum(micro_aux) / 2), rel=1e-4)
+    router = [n for n in direct if "mlp.gate" in n]
+    assert router  # the router weights get the aux gradient
+    for name in router:
+        torch.testing.assert_close(grads[coef][name], grads[0.0].get(name, 0 * direct[name]) + direct[name],
+                                   rtol=1e-4, atol=1e-6)
+
+
+def test_router_aux_loss_is_logged_in_training(tmp_path, tokenizer, digit_dataset):
+    trainer = RLOOTrainer(_tiny_moe(tokenizer), digit_fraction, args=_config(tmp_path, router_aux_loss_coef=0.01),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.train()
+    assert trainer.aux_loss_enabled and trainer.state.log_history[-1]["aux_loss"] > 0

@@ -146,13 +146,13 @@ class RLOOTrainer:
     def _expose_trl_attributes(self) -> None:
         """The attributes TRL's trainer has that scripts and callbacks read: the reference model (None
         when beta is 0 or under LoRA), the reward functions with reward models as their models, each
-        one's tokenizer (None for plain functions), and whether a MoE router loss is added (it is not)."""
+        one's tokenizer (None for plain functions), and whether a MoE router loss is added (router_aux_loss_coef)."""
         self.ref_model = self.reference
         self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func
                              for fn in self.reward_functions]
         self.reward_processing_classes = [fn.func.tokenizer if isinstance(fn.func, RewardModel) else None
                                           for fn in self.reward_functions]
-        self.aux_loss_enabled = False
+        self.aux_loss_enabled = self.learner.aux_loss_coef > 0
 
     def _check_reference_sync(self) -> None:
         """sync_ref_model (TR-DPO) moves a separate reference copy toward the policy: it needs one."""

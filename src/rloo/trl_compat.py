@@ -349,7 +349,10 @@ TRL_FIELDS: dict[str, Answer] = {
     "length_column_name": accepted("length", "no length grouping"),
     # --- TRL RLOOConfig: model ---
     "trust_remote_code": accepted(False, "passed to from_pretrained of the model and the tokenizer"),
-    "router_aux_loss_coef": not_yet(None, "the MoE router auxiliary loss", "leave it unset"),
+    "router_aux_loss_coef": accepted(None, "honoured for MoE models (their config has output_router_logits): the "
+                                     "router load-balancing loss, times this weight, joins the loss and is logged as "
+                                     "aux_loss; unset or 0 adds none (TRL adds 0.001 by default); dense models "
+                                     "ignore it", ok=lambda v: isinstance(v, (int, float)) and v >= 0),
     "pad_to_multiple_of": accepted("auto", "honoured in training: each micro-batch keeps as much of its padding as makes "
                                    "prompt + completion width a multiple of it (as far as the rollout is wide); "
                                    "'auto' and None trim all shared padding",

@@ -34,7 +34,7 @@ from .rollout import Rollout
 logger = logging.getLogger(__name__)
 
 STEP_TOTALS = ("loss", "units", "clipped_low", "clipped_high", "ratio", "ratio_sq", "approxkl", "entropy", "tokens",
-               "kl_loss", "completions", "off_policy_masked")
+               "kl_loss", "completions", "off_policy_masked", "aux_loss")
 
 
 def mini_batches(rollout: Rollout, args: RLOOConfig) -> Iterator[Rollout]:
@@ -60,6 +60,11 @@ class Learner:
         # TRL's pad_to_multiple_of: micro-batches keep that much of their padding (speed only, same loss).
         multiple = getattr(self.args, "pad_to_multiple_of", None)
         self.pad_to_multiple_of = multiple if isinstance(multiple, int) and not isinstance(multiple, bool) else None
+        # TRL's router_aux_loss_coef: a MoE model's load-balancing loss joins the loss with this weight.
+        config = getattr(getattr(self.model, "module", self.model), "config", None)
+        is_moe = getattr(getattr(config, "get_text_config", lambda: config)(), "output_router_logits", None) is not None
+        self.aux_loss_coef = float(getattr(self.args, "router_aux_loss_coef", None) or 0.0) if is_moe else 0.0
+        self._aux_loss: torch.Tensor | None = None
         if self.args.shared_prefix_forward:
             check_shared_prompt_model(self.model)  # refuse at construction, not at the first step
 
@@ -112,8 +117,10 @@ class Learner:
             with contextlib.nullcontext() if is_last else acc.no_sync(self.model):
                 numerators, stats = self.micro_batch_loss(micro)
                 # accelerate (or DeepSpeed's engine) divides by gradient_accumulation_steps; our
-                # denominator already covers the whole step, so that division is undone here.
-                acc.backward(numerators.sum() / denominator * acc.gradient_accumulation_steps)
+                # denominator already covers the whole step, so that division is undone here. The router
+                # loss is a mean over micro-batches, so it keeps that division.
+                aux = 0.0 if self._aux_loss is None else self.aux_loss_coef * self._aux_loss
+                acc.backward(numerators.sum() / denominator * acc.gradient_accumulation_steps + aux)
             totals["loss"] += numerators.detach().sum().item()
             for name, value in stats.items():
                 totals[name] += value
@@ -121,9 +128,12 @@ class Learner:
         names = list(totals)
         summed = acc.reduce(torch.tensor([totals[n] for n in names], dtype=torch.float32, device=acc.device), "sum")
         totals = dict(zip(names, summed.tolist()))
-        return step_metrics(totals, float(denominator) * acc.num_processes,
-                            with_kl_loss=args.kl_penalty == "loss" and args.beta > 0,
-                            with_off_policy_mask=args.off_policy_mask_threshold is not None)
+        metrics = step_metrics(totals, float(denominator) * acc.num_processes,
+                               with_kl_loss=args.kl_penalty == "loss" and args.beta > 0,
+                               with_off_policy_mask=args.off_policy_mask_threshold is not None)
+        if self.aux_loss_coef:  # mean router loss over the step's micro-batches, on every process
+            metrics["aux_loss"] = totals["aux_loss"] / (args.gradient_accumulation_steps * acc.num_processes)
+        return metrics
 
     def loss_denominator(self, mini_batch: Rollout) -> torch.Tensor:
         """This process's share of the step's denominator: the global count / number of processes."""
@@ -134,6 +144,7 @@ class Learner:
     def micro_batch_loss(self, micro: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """(b,) per-completion loss numerators with grad, and the sums the step's metrics are built from."""
         args = self.args
+        self._aux_loss = None  # set below for a MoE model with router_aux_loss_coef (not on the shared-prefix path)
         if args.shared_prefix_forward:  # each prompt once, its completions on copies of its KV cache
             logps, entropy = shared_prompt_logprobs(self.model, micro.prompt_ids, micro.prompt_mask,
                                                     micro.completion_ids, micro.completion_mask, args.temperature,
@@ -141,9 +152,11 @@ class Learner:
         else:
             input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
             attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)
+            router = {} if self.aux_loss_coef else None
             logps, entropy = completion_logprobs(self.model, input_ids, attention_mask, micro.completion_ids.shape[1],
                                                  args.temperature, with_entropy=True,
-                                                 entropy_grad=args.entropy_coef > 0)
+                                                 entropy_grad=args.entropy_coef > 0, router_aux=router)
+            self._aux_loss = None if router is None else router.get("aux_loss")
         mask = micro.loss_mask()  # (b, C)
         # Used once, pi_old is the current policy detached (ratio 1, gradient of log pi).
         old_logps = logps.detach() if micro.old_logps is None else micro.old_logps
@@ -170,6 +183,7 @@ class Learner:
             "entropy": (entropy.detach() * mask).sum().item(),
             "tokens": mask.sum().item(),
             "kl_loss": kl_sum,
+            "aux_loss": 0.0 if self._aux_loss is None else float(self._aux_loss.detach()),
             "completions": micro.trained.float().sum().item(),
             "off_policy_masked": masked,
         }

@@ -75,6 +75,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    router_aux: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens of prompt+completion rows.
 
@@ -93,6 +94,8 @@ def completion_logprobs(
         temperature: logits are divided by it, matching the sampling distribution.
         with_entropy: also return per-token entropies.
         entropy_grad: let the entropies carry grad (for entropy_coef > 0); otherwise they are detached.
+        router_aux: a dict to receive a MoE model's router load-balancing loss (`output_router_logits=True`),
+            a scalar with grad, under "aux_loss"; None asks for none.
 
     Returns:
         (B, C) fp32 log-probs of the completion tokens, and (B, C) entropies or None. Values at
@@ -115,8 +118,9 @@ def completion_logprobs(
     # The last C + 1 positions hold every completion when nothing moved; moving a row's lead of
     # padding back shifts its completion up to max_lead positions earlier.
     keep = completion_length + 1 + max_lead
-    states = run_to_head(model, head, input_ids=ids, attention_mask=mask, position_ids=positions,
-                         logits_to_keep=keep, use_cache=False)  # (B, keep, H) or (B, keep, V)
+    extra = {} if router_aux is None else {"output_router_logits": True}
+    states = run_to_head(model, head, router_aux, input_ids=ids, attention_mask=mask, position_ids=positions,
+                         logits_to_keep=keep, use_cache=False, **extra)  # (B, keep, H) or (B, keep, V)
     if max_lead == 0:
         # Position t predicts token t + 1: the last kept position predicts nothing in the completion.
         states = states[:, :-1]  # (B, C, H|V)
@@ -187,12 +191,17 @@ def reachable_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     return head
 
 
-def run_to_head(model: torch.nn.Module, head: torch.nn.Linear | None, **inputs) -> torch.Tensor:
+def run_to_head(model: torch.nn.Module, head: torch.nn.Linear | None, sink: dict | None = None,
+                **inputs) -> torch.Tensor:
     """The model's final hidden states (b, n, H) when `head` is given, its logits (b, n, V) otherwise.
 
-    With a head, a hook hands it an empty (b, 0, H) input, so the model builds no logits."""
+    With a head, a hook hands it an empty (b, 0, H) input, so the model builds no logits. `sink`, when
+    given, receives the output's `aux_loss` (a MoE router loss; None when the model computes none)."""
     if head is None:
-        return model(**inputs).logits
+        out = model(**inputs)
+        if sink is not None:
+            sink["aux_loss"] = getattr(out, "aux_loss", None)
+        return out.logits
     caught = {}
 
     def catch_hidden(module, args):
@@ -201,9 +210,11 @@ def run_to_head(model: torch.nn.Module, head: torch.nn.Linear | None, **inputs) 
 
     handle = head.register_forward_pre_hook(catch_hidden)
     try:
-        model(**inputs)
+        out = model(**inputs)
     finally:
         handle.remove()
+    if sink is not None:
+        sink["aux_loss"] = getattr(out, "aux_loss", None)
     return caught["hidden"]
 
 
