@@ -42,11 +42,14 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's rloo wins over any inst
 SHARED = ["num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
           "temperature", "learning_rate", "lr_scheduler_type", "max_grad_norm", "beta", "reward_weights",
           "max_steps", "seed", "logging_steps"]
+RLOO_ONLY = ["max_prompt_length", "shared_prefix_forward"]  # no TRL counterpart: rloo's runs take them from the recipe
 EVAL_FUNCTIONS = {"gsm8k": ("gsm8k_accuracy", "gsm8k_format"), "code": ("code_execution",)}
 
 
-def load_recipe(name: str, steps: int | None) -> dict:
+def load_recipe(name: str, steps: int | None, drop: list[str]) -> dict:
     recipe = yaml.safe_load((ROOT / "recipes" / f"{name}_cpu.yaml").read_text())
+    for key in drop:
+        recipe.pop(key, None)
     if steps is not None:
         recipe["max_steps"] = steps
     return recipe
@@ -132,9 +135,9 @@ def build_trainer(system: str, recipe: dict, model, tokenizer, rewards, output_d
                            processing_class=tokenizer)
     from rloo import RLOOConfig, RLOOTrainer
 
-    args = RLOOConfig(**shared, output_dir=output_dir, save_steps=0, bf16=False, top_p=1.0, top_k=0,
-                      max_prompt_length=recipe.get("max_prompt_length", 512), report_to=[], warmup_steps=0,
-                      weight_decay=0.0)
+    only = {k: recipe[k] for k in RLOO_ONLY if k in recipe}
+    args = RLOOConfig(**shared, **only, output_dir=output_dir, save_steps=0, bf16=False, top_p=1.0, top_k=0,
+                      report_to=[], warmup_steps=0, weight_decay=0.0)
     return RLOOTrainer(model, rewards, args=args, train_dataset=train_dataset(recipe), processing_class=tokenizer)
 
 
@@ -229,11 +232,13 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=["trl", "rloo"])
     parser.add_argument("--eval-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--drop", nargs="+", default=[], metavar="KEY",
+                        help="recipe keys to leave out (their defaults apply), e.g. shared_prefix_forward")
     options = parser.parse_args()
     if options.worker:
         print(json.dumps(run_worker(json.loads(options.worker))))
         return
-    recipe = load_recipe(options.recipe, options.steps)
+    recipe = load_recipe(options.recipe, options.steps, options.drop)
     common = {"name": options.recipe, "eval_size": options.eval_size, "threads": options.threads}
     results = {"recipe": options.recipe, "settings": recipe, "eval_size": options.eval_size, "threads": options.threads,
                "base": spawn({**common, "system": "base", "recipe": recipe}), "runs": []}
