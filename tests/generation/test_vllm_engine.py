@@ -126,3 +126,31 @@ def test_trl_style_script_trains_in_a_plain_python_process(tmp_path, engine_setu
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "TRAINED" in result.stdout
+
+
+def test_top_k_engine_logprobs_match_pi_old_on_the_kept_set(engine_setup):
+    """vLLM's processed log-probs under top_k are over the kept set; the collector's kept_log_mass puts
+    pi_old there too, so the mismatch is float noise again instead of log S at every token."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from rloo.rollout import RolloutCollector
+
+    model, tokenizer, sampler, prompts = engine_setup
+    sampler.top_k = 3
+    try:
+        batch = sampler.sample(model, prompts, K)
+    finally:
+        sampler.top_k = 0
+    args = RLOOConfig(output_dir="unused", top_k=3, per_device_train_batch_size=8)
+    collector = RolloutCollector(args, Accelerator(cpu=True), model, None, tokenizer, sampler, [], [])
+    mask = batch.completion_mask.bool()
+    full = policy_logprobs(model, batch)
+    with torch.no_grad():
+        on_kept_set = full - collector.kept_log_mass(SimpleNamespace(**vars(batch)))
+    before, after = (full - batch.logprobs)[mask], (on_kept_set - batch.logprobs)[mask]
+    print(f"top_k=3: mean |log pi_old - log pi_engine| {before.abs().mean():.3e} unfiltered, "
+          f"{after.abs().mean():.3e} on the kept set (max {after.abs().max():.2e})")
+    assert before.mean() < -0.05  # log S < 0: the unfiltered ratio shrinks every weight
+    assert after.abs().max() < 1e-4
