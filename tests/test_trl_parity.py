@@ -374,3 +374,29 @@ def test_router_aux_loss_is_logged_in_training(tmp_path, tokenizer, digit_datase
                           train_dataset=digit_dataset, processing_class=tokenizer)
     trainer.train()
     assert trainer.aux_loss_enabled and trainer.state.log_history[-1]["aux_loss"] > 0
+
+
+def test_eval_loss_by_hand():
+    import torch
+
+    from rloo.evaluation import policy_loss_at_ratio_one
+
+    scores = torch.tensor([[1.0, 0.0, 0.0], [2.0, 2.0, 5.0]])  # two prompts, three samples each
+    lengths = torch.tensor([[2, 1, 3], [1, 1, 2]])
+    valid = torch.ones(2, 3, dtype=torch.bool)
+    # leave-one-out advantages: r_i - mean of the others
+    a = [1.0, -0.5, -0.5, -1.5, -1.5, 3.0]
+    length = [2, 1, 3, 1, 1, 2]
+    # seq-mean-token-sum: mean over completions of -A_i * L_i
+    expected = sum(-ai * li for ai, li in zip(a, length)) / 6
+    assert policy_loss_at_ratio_one(scores, valid, lengths, "rloo", "seq-mean-token-sum", 8) == pytest.approx(expected)
+    # token-mean: -sum A_i L_i / sum L_i
+    expected = sum(-ai * li for ai, li in zip(a, length)) / sum(length)
+    assert policy_loss_at_ratio_one(scores, valid, lengths, "rloo", "token-mean", 8) == pytest.approx(expected)
+
+
+def test_evaluate_returns_trl_eval_loss(tmp_path, make_model, tokenizer, digit_dataset):
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    metrics = trainer.evaluate({"a": digit_dataset.select(range(4))})
+    assert metrics["eval_a_loss"] == metrics["eval_a/loss"] and metrics["eval_a_loss"] == metrics["eval_a_loss"]

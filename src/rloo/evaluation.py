@@ -54,6 +54,24 @@ def is_binary(values: torch.Tensor) -> bool:
     return scored.numel() > 0 and bool(((scored == 0) | (scored == 1)).all())
 
 
+def policy_loss_at_ratio_one(scores: torch.Tensor, valid: torch.Tensor, lengths: torch.Tensor, estimator: str,
+                             loss_agg_mode: str, max_completion_length: int) -> float:
+    """The policy-gradient loss an optimizer step on this batch would start from (ratio 1, no KL term):
+    TRL's `eval_loss`. Advantages within each prompt's group, -A per completion token, aggregated as in training.
+
+    scores: (P, n) rewards; valid: (P, n) bool, some function scored the sample; lengths: (P, n) tokens.
+    """
+    from .algo.advantages import compute_advantages
+    from .algo.loss import loss_denominator, reduce_to_sequences
+
+    advantages = compute_advantages(scores.float(), estimator, valid).flatten()  # (B,)
+    lengths = lengths.flatten()
+    width = max(int(lengths.max()), 1)
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).float() * valid.flatten()[:, None]  # (B, T)
+    numerators = reduce_to_sequences(-advantages[:, None].expand(-1, width), mask, loss_agg_mode, max_completion_length)
+    return (numerators.sum() / loss_denominator(loss_agg_mode, mask).clamp(min=1e-8)).item()
+
+
 def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequence[str], lengths: torch.Tensor,
                  truncated: torch.Tensor, prefix: str = "eval/") -> dict[str, float]:
     """Eval metrics of P prompts with n samples each.
@@ -127,5 +145,12 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     local = {key: torch.cat(values) for key, values in parts.items() if values}
     gathered = [part for part in gather_object([local]) if part]  # one dict per process
     merged = {key: torch.cat([part[key] for part in gathered]) for key in parts}
-    return eval_metrics(merged["scores"], merged["per_function"], reward_names, merged["lengths"],
-                        merged["truncated"], prefix)
+    metrics = eval_metrics(merged["scores"], merged["per_function"], reward_names, merged["lengths"],
+                           merged["truncated"], prefix)
+    args = collector.args  # TRL's eval_loss: the RLOO loss at ratio 1 on these samples
+    valid = ~merged["per_function"].isnan().all(dim=-1) if merged["per_function"].shape[-1] else \
+        torch.ones_like(merged["scores"], dtype=torch.bool)
+    metrics[f"{prefix}loss"] = policy_loss_at_ratio_one(merged["scores"], valid, merged["lengths"],
+                                                        args.advantage_estimator, args.loss_agg_mode,
+                                                        args.max_completion_length)
+    return metrics
