@@ -147,3 +147,19 @@ def test_rloo_eval_names_a_missing_model_and_a_missing_split(tmp_path, data_file
         main(["eval", "--model", str(tmp_path), "--dataset_name", str(data_file), "--dataset_split", "validation",
               "--reward_funcs", "exact_match"])
     assert exit_info.value.code == 2 and "only split is 'train', not 'validation'" in capsys.readouterr().err
+
+
+def test_the_python_api_gives_the_same_offline_sentence(tmp_path):
+    script = ("from datasets import Dataset\n"
+              "from rloo import RLOOConfig, RLOOTrainer\n"
+              "from rloo.config_checks import ConfigError\n"
+              "try:\n"
+              f"    RLOOTrainer('nobody-here/no-model', lambda completions, **kw: [0.0] * len(completions),\n"
+              f"                args=RLOOConfig(output_dir={str(tmp_path / 'out')!r}, report_to='none'),\n"
+              "                train_dataset=Dataset.from_list([{'prompt': 'a'}]))\n"
+              "except ConfigError as error:\n"
+              "    print(error)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert "model 'nobody-here/no-model' is not a local path and cannot be loaded offline" in result.stdout, \
+        result.stderr[-2000:]
