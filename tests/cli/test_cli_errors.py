@@ -14,9 +14,6 @@ from rloo.cli import main, parse_train_args
 from rloo.config_checks import ConfigError
 
 
-
-
-
 @pytest.fixture
 def model_dir(tmp_path, make_model, tokenizer):
     directory = tmp_path / "model"
