@@ -150,46 +150,6 @@ def test_lora_is_merged_for_the_push_and_unmerged_after(make_model):
     assert list(policy_weights(make_model()))[0][0] == next(iter(make_model().state_dict()))
 
 
-def test_server_mode_uses_trls_client(tmp_path, monkeypatch, make_model, tokenizer, digit_dataset):
-    record = []
-
-    class FakeClient:
-        def __init__(self, **kwargs):
-            record.append(("init", kwargs))
-
-        def init_communicator(self, device):
-            record.append(("init_communicator", str(device)))
-
-        def generate(self, prompts, n, **params):
-            record.append(("generate", len(prompts), n, params))
-            one = tokenizer("1", add_special_tokens=False)["input_ids"][0]
-            ids = [[one, tokenizer.eos_token_id]] * (len(prompts) * n)
-            return {"completion_ids": ids, "logprobs": [[[-0.3], [-0.2]]] * (len(prompts) * n)}
-
-        def update_named_param(self, name, tensor):
-            record.append(("update", name))
-
-        def reset_prefix_cache(self):
-            record.append(("reset_prefix_cache",))
-
-    for name in ("trl", "trl.generation", "trl.generation.vllm_client"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    sys.modules["trl.generation.vllm_client"].VLLMClient = FakeClient
-    args = _args(tmp_path, vllm_mode="server", vllm_server_base_url="http://h:9000", vllm_server_timeout=5.0)
-    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
-    assert record[0] == ("init", dict(base_url="http://h:9000", host="0.0.0.0", server_port=8000, connection_timeout=5.0))
-    assert record[1] == ("init_communicator", "cpu")
-    updates = [r[1] for r in record if r[0] == "update"]
-    assert updates == [n for n, _ in trainer.model.named_parameters(remove_duplicate=False)]
-    generate = next(r for r in record if r[0] == "generate")
-    assert generate[1:3] == (2, 4) and generate[3]["max_tokens"] == 6
-    assert record.index(("reset_prefix_cache",)) < record.index(generate)
-    # The log-probs of the sampled tokens, zero at padding.
-    mask = rollout.completion_mask.bool()
-    assert rollout.completion_ids.shape == (8, 2) and mask.all()
-
-
 def test_colocate_without_vllm_is_a_config_error(monkeypatch):
     from rloo.config import ConfigError
 

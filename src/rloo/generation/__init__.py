@@ -5,6 +5,8 @@
 - `hf`: `GenerateSampler`, Hugging Face `generate` (the reference).
 - `kv_cache`: the KV cache the fast sampler appends to in place.
 - `stop`: cutting completions at stop strings.
+- `vllm`: `VLLMSampler`, a vLLM engine in this process (colocate) or behind `rloo vllm-serve` (server);
+  `vllm_server` is that server, `vllm_client` the trainer's side of it. Imported only when chosen.
 """
 
 from .base import SampledBatch, Sampler, completion_mask_from_eos, left_pad

