@@ -160,8 +160,15 @@ def main() -> None:
     model_dir = vs_trl.prepare_model(scenario, options.cache_dir)
     jobs = [(system, seed) for seed in range(options.seeds) for system in ("trl", "rloo")]
 
+    runs_dir = options.out.parent / f"{options.out.name}_runs"  # one JSON per run: an interrupted sweep resumes
+    runs_dir.mkdir(parents=True, exist_ok=True)
+
     def go(job):
+        saved = runs_dir / f"{job[0]}-{job[1]}-{scenario.episodes}.json"
+        if saved.exists():
+            return json.loads(saved.read_text())
         run = spawn(job[0], scenario, model_dir, job[1])
+        saved.write_text(json.dumps(run))
         first, last = statistics.fmean(run["step_rewards"][:12]), statistics.fmean(run["step_rewards"][-12:])
         print(f"{run['system']:4s} seed {run['seed']}: held-out {run['held_out_before']:.3f} -> {run['held_out_after']:.3f}, "
               f"reward first/last 12 steps {first:.3f}/{last:.3f}", flush=True)

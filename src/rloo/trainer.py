@@ -29,7 +29,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from . import checkpoint, evaluation, setup, sharding, trainer_api
+from . import checkpoint, evaluation, report, setup, sharding, trainer_api
 from .algo import reference_sync
 from .allocator import return_large_buffers_to_os
 from .async_rollouts import AsyncRollouts
@@ -223,6 +223,7 @@ class RLOOTrainer:
         start_rollout = self._resume(resume_from_checkpoint)
         train_start, start_episode, start_step = time.perf_counter(), self.episode, self.global_step
         self.logger.start(args.to_dict(), args.run_name)
+        self._write_run_card()
         self.model.train()
         window = MetricsWindow()
         last_metrics: dict[str, float] = {}
@@ -292,6 +293,14 @@ class RLOOTrainer:
         self._reported_zero_spread = True
         if self.accelerator.is_main_process:
             tqdm.write(zero_spread_message(self.global_step, self.args.num_generations, rollout_stats["reward"]))
+
+    def _write_run_card(self) -> None:
+        """output_dir/run.json: the model, dataset and reward functions (`rloo report` names them)."""
+        if self.accelerator.is_main_process:
+            card = report.run_card(self.accelerator.unwrap_model(self.model), self.train_dataset,
+                                   [fn.name for fn in self.reward_functions],
+                                   [float(w) for w in self.reward_weights], self.args.to_dict())
+            report.write_run_card(self.args.output_dir, card)
 
     def _log_closing(self, runtime: float, episodes: int, steps: int) -> dict[str, float]:
         """The entry transformers' Trainer closes log_history with (train_runtime, train_samples_per_second,
