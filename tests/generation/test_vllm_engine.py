@@ -95,6 +95,50 @@ def test_weight_push_after_an_optimizer_step_reaches_the_engine(engine_setup):
         sampler.on_optimizer_step(model)
 
 
+def test_filtered_sampling_and_engine_kwargs_reach_the_engine(engine_setup):
+    """temperature 0.7 and top_k=3: every token is among the policy's 3 likeliest, and the engine's
+    log-probs are those of the distribution sampled (logits / 0.7, renormalised over the top 3)."""
+    model, tokenizer, sampler, prompts = engine_setup
+    sampler.sample(model, prompts, 1)  # the engine is built and holds this model's weights
+    filtered = VLLMSampler(pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
+                           max_new_tokens=12, temperature=0.7, top_k=3, engine=sampler.engine, _stale=False,
+                           generation_kwargs={"presence_penalty": 0.0, "seed": 3})  # TRL-style SamplingParams keys
+    batch = filtered.sample(model, prompts, K)
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+    mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+    width = batch.completion_ids.shape[1]
+    scaled = logits[:, -width - 1:-1] / 0.7
+    top = scaled.topk(3, dim=-1)
+    in_top = (top.indices == batch.completion_ids.unsqueeze(-1)).any(-1)
+    assert bool(in_top[batch.completion_mask.bool()].all())
+    kept = torch.full_like(scaled, float("-inf")).scatter(-1, top.indices, top.values).log_softmax(-1)
+    expected = kept.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) * batch.completion_mask
+    gap = (expected - batch.logprobs).abs().max().item()
+    print(f"temperature 0.7, top_k 3: largest log-prob difference {gap:.2e}")
+    assert gap < 1e-4
+
+
+def test_lora_policy_is_pushed_merged_and_left_unmerged(engine_setup):
+    from peft import LoraConfig, get_peft_model
+
+    _, tokenizer, sampler, prompts = engine_setup
+    base, _ = tiny_model()  # the engine's starting weights
+    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj", "down_proj"],
+                                           init_lora_weights=False))
+    try:
+        sampler.on_optimizer_step(lora)
+        batch = sampler.sample(lora, prompts, K)
+        gap = max_logprob_gap(lora, batch)
+        print(f"LoRA policy: largest |engine - trainer| log-prob difference {gap:.2e}")
+        assert gap < 1e-4
+        with lora.disable_adapter():  # the adapters are separate again: the base differs from the policy
+            assert (policy_logprobs(lora, batch) - batch.logprobs).abs().max() > 1e-3
+    finally:
+        sampler.on_optimizer_step(lora)  # the next test pushes its own model
+
+
 TRAIN_SCRIPT = textwrap.dedent("""
     import sys
     from datasets import Dataset
