@@ -3,6 +3,7 @@
     rloo train --config run.yaml --learning_rate 1e-6     # YAML keys and --flags, flags win
     rloo train --help                                     # every field with its docstring
     rloo demo                                             # offline: learns two-digit addition
+    rloo vllm-serve --model PATH --port 8000              # a vLLM server for vllm_mode="server"
 
 Every `RLOOConfig` field and every `ScriptArguments` field is both a YAML key and a `--flag`.
 Unknown keys and flags are errors, not ignored.
@@ -409,19 +410,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .commands import run_eval, run_report
 
-    commands = {"train": run_train, "demo": _run_demo, "eval": run_eval, "report": run_report}
+    commands = {"train": run_train, "demo": _run_demo, "eval": run_eval, "report": run_report,
+                "vllm-serve": _run_vllm_serve}
     if argv and argv[0] in ("-V", "--version"):
         from . import __version__
 
         print(f"rloo {__version__}")
         return
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: rloo {train,eval,report,demo} [options] | rloo --version\n\n"
+        print("usage: rloo {train,eval,report,demo,vllm-serve} [options] | rloo --version\n\n"
               "commands:\n"
               "  train   train a causal LM with RLOO from a YAML config and flags (rloo train --help)\n"
               "  eval    eval metrics (reward, pass@k, lengths) of a saved model or checkpoint (rloo eval --help)\n"
               "  report  write RUN_DIR/report.html: plots, config and sample completions of a run\n"
-              "  demo    offline demo: a tiny model learns two-digit addition (rloo demo --help)\n\n"
+              "  demo    offline demo: a tiny model learns two-digit addition (rloo demo --help)\n"
+              "  vllm-serve  a vLLM engine on 127.0.0.1 for sampler='vllm', vllm_mode='server' (rloo vllm-serve --help)\n\n"
               "TRL's `trl rloo` flags work with `rloo train`; docs/trl_migration.md maps each one.")
         raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
     debug = "--debug" in argv
@@ -440,6 +443,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(128 + signal.Signals[name]) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _run_vllm_serve(argv: Sequence[str]) -> None:
+    from .generation.vllm_server import main as serve_main
+
+    serve_main(argv)
 
 
 def _run_demo(argv: Sequence[str]) -> None:

