@@ -142,6 +142,9 @@ def report_lines(summary: dict) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1, each run by both systems")
+    parser.add_argument("--seed-list", type=int, nargs="+", help="these seeds instead (e.g. a second sweep from the end)")
+    parser.add_argument("--saved-only", action="store_true",
+                        help="summarise the runs already saved (seeds that both systems finished); run nothing")
     parser.add_argument("--episodes", type=int, default=4096)
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each one thread)")
     parser.add_argument("--smooth", type=int, default=8, help="steps in the plotted moving average")
@@ -158,7 +161,8 @@ def main() -> None:
     base = vs_trl.SCENARIOS["short-k4"]
     scenario = replace(base, episodes=options.episodes // base.completions_per_step * base.completions_per_step)
     model_dir = vs_trl.prepare_model(scenario, options.cache_dir)
-    jobs = [(system, seed) for seed in range(options.seeds) for system in ("trl", "rloo")]
+    seeds = options.seed_list or list(range(options.seeds))
+    jobs = [(system, seed) for seed in seeds for system in ("trl", "rloo")]
 
     runs_dir = options.out.parent / f"{options.out.name}_runs"  # one JSON per run: an interrupted sweep resumes
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -168,12 +172,18 @@ def main() -> None:
         if saved.exists():
             return json.loads(saved.read_text())
         run = spawn(job[0], scenario, model_dir, job[1])
+        if len(run["step_rewards"]) < scenario.episodes // scenario.completions_per_step:  # stopped by a signal
+            raise RuntimeError(f"{job[0]} seed {job[1]} stopped after {len(run['step_rewards'])} steps; not saved")
         saved.write_text(json.dumps(run))
         first, last = statistics.fmean(run["step_rewards"][:12]), statistics.fmean(run["step_rewards"][-12:])
         print(f"{run['system']:4s} seed {run['seed']}: held-out {run['held_out_before']:.3f} -> {run['held_out_after']:.3f}, "
               f"reward first/last 12 steps {first:.3f}/{last:.3f}", flush=True)
         return run
 
+    if options.saved_only:
+        done = {seed for seed in seeds if all((runs_dir / f"{system}-{seed}-{scenario.episodes}.json").exists()
+                                              for system in ("trl", "rloo"))}
+        jobs = [job for job in jobs if job[1] in done]
     with ThreadPoolExecutor(options.jobs) as pool:
         runs = list(pool.map(go, jobs))
     summary = summarise(runs, max_grad_norm=1.0)
