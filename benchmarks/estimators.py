@@ -205,11 +205,13 @@ def write_report(rows: list[dict], curves: dict, s: dict, seconds: float, comman
              f"{s['batches']} batches of {s['batch']} completions per K; reference from {s['prompts']} prompts x "
              f"{s['ref_samples']} samples (leave-one-out); ||g*|| = {rows[0]['ref_norm']:.3g}; "
              f"sampled success rate {rows[0]['success']:.3f}.", "",
-             "| estimator | K | MSE vs g* | variance | rel. variance | bias ‖E g − g*‖ | noise floor √(MSE/N) | scale | cos(E g, g*) |",
+             "| estimator | K | MSE vs g* | variance | rel. variance | bias ‖E g − g*‖ | noise floor √(MSE/N) "
+             "| scale | cos(E g, g*) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["k"], STUDIED.index(r["estimator"]))):
         lines.append(f"| {LABELS.get(r['estimator'], r['estimator'])} | {r['k']} | {r['mse']:.4g} | {r['variance']:.4g} | "
-                     f"{r['relative_variance']:.4g} | {r['bias']:.4g} | {r['noise_floor']:.4g} | {r['scale']:.3f} | {r['cos']:.3f} |")
+                     f"{r['relative_variance']:.4g} | {r['bias']:.4g} | {r['noise_floor']:.4g} | {r['scale']:.3f} "
+                     f"| {r['cos']:.3f} |")
     lines += ["", f"Learning curves: K=4, {s['curve_batch']} completions per step, lr 3e-5 (the demo's), beta 0, "
               f"{s['episodes']} episodes, seeds {list(s['seeds'])}; held-out sampled reward on {s['eval_prompts']} "
               f"prompts, greedy accuracy on 500.", "",

@@ -25,10 +25,10 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this checkout's rloo first
 
+from prefix_logprobs import MODELS, clock  # noqa: E402  (the sibling benchmark: same models, same clock)
+
 from rloo.algo.logprobs import completion_logprobs  # noqa: E402
 from rloo.algo.prefix_logprobs import shared_prompt_logprobs  # noqa: E402
-
-from prefix_logprobs import MODELS, clock  # noqa: E402  (the sibling benchmark: same models, same clock)
 
 SHAPES = [(512, 64), (512, 256), (64, 256), (1024, 32)]  # (prompt, completion)
 K = 8

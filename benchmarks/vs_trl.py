@@ -1,6 +1,6 @@
 """rloo against TRL's RLOOTrainer on identical work, side by side, one process per run.
 
-    python benchmarks/vs_trl.py                                  # full run at beta 0 and 0.05 (the beta-0 half: about 25 min on 2 quiet cores)
+    python benchmarks/vs_trl.py      # full run at beta 0 and 0.05 (the beta-0 half: about 25 min on 2 quiet cores)
     python benchmarks/vs_trl.py --scenario short-k4 --repeats 1 --episodes 1024 --betas 0   # a quick check
 
 Every run trains the same local model (saved once to --cache-dir) on the same prompts with the same
@@ -295,13 +295,15 @@ def summarise(runs: list[dict], peaks: dict[str, float]) -> dict:
 
 def markdown_table(summary: dict, peaks: dict[str, float], header: str) -> str:
     lines = [header, "",
-             "| scenario | system | episodes/s | gen tokens/s | peak RSS MB | reward start → end | held-out before → after | useful GFLOP/s (% fp32 peak) |",
+             "| scenario | system | episodes/s | gen tokens/s | peak RSS MB | reward start → end | held-out before → after "
+             "| useful GFLOP/s (% fp32 peak) |",
              "|---|---|---:|---:|---:|---|---|---:|"]
     for scenario, row in summary.items():
         for system in ("trl", "rloo"):
             m = row[system]
             lines.append(
-                f"| {scenario} | {system} | {m['episodes_per_s']:.1f} | {m['generated_tokens_per_s']:.0f} | {m['peak_rss_mb']:.0f} "
+                f"| {scenario} | {system} | {m['episodes_per_s']:.1f} | {m['generated_tokens_per_s']:.0f} "
+                f"| {m['peak_rss_mb']:.0f} "
                 f"| {m['reward_start']:.3f} → {m['reward_end']:.3f} | {m['held_out_before']:.3f} → {m['held_out_after']:.3f} "
                 f"| {m['useful_gflop_per_s']:.1f} ({100 * m['fp32_peak_fraction']:.0f}%) |")
         r = row["ratio"]
@@ -368,7 +370,8 @@ def main() -> None:
     print("\n" + table)
     options.out.mkdir(parents=True, exist_ok=True)
     stem = (("vs_trl" if options.scenario == "all" else f"vs_trl_{options.scenario}") + ("_bf16" if options.bf16 else "")
-            + ("_nobos" if options.no_bos else "") + ("" if options.betas == [0.0, 0.05] else "_beta" + "_".join(f"{b:g}" for b in options.betas)))
+            + ("_nobos" if options.no_bos else "")
+            + ("" if options.betas == [0.0, 0.05] else "_beta" + "_".join(f"{b:g}" for b in options.betas)))
     (options.out / f"{stem}.json").write_text(json.dumps({"peaks_gflops": peaks, "summary": summary, "runs": runs,
                                                           "scenarios": [asdict(s) for s in scenarios]}, indent=2))
     (options.out / f"{stem}.md").write_text(table + "\n")

@@ -17,6 +17,9 @@ from rloo.toy import build_char_tokenizer, build_tiny_model
 # OpenMP threads dozens of times slower.
 torch.set_num_threads(1)
 
+# The helper scripts that tests launch in subprocesses (tests/scripts/) are also imported by them.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+
 
 @pytest.fixture(scope="session")
 def tokenizer():

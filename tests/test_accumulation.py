@@ -4,10 +4,9 @@ micro-batches does not change the gradient (our denominator covers the whole ste
 
 import torch
 
+from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
 from rloo import update as update_module
-
-from conftest import digit_fraction
 
 
 def _config(tmp_path, **overrides):

@@ -7,12 +7,11 @@ import time
 import pytest
 import torch
 
+from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.async_rollouts import AsyncRollouts, RolloutTimeout
 from rloo.config import ConfigError
 from rloo.generation import FastSampler
-
-from conftest import digit_fraction
 
 
 def _config(tmp_path, **overrides):

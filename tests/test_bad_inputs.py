@@ -6,14 +6,13 @@ import re
 
 import pytest
 
+from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.checkpoint import CheckpointError
 from rloo.cli import main, parse_train_args
 from rloo.config import ConfigError
 from rloo.data.loading import load_prompt_dataset
 from rloo.rewards.scoring import RewardError
-
-from conftest import digit_fraction
+from rloo.run.checkpoint import CheckpointError
 
 CONFIG_CASES = [
     (dict(bf16="false"), "bf16 must be of type bool | None, got 'false'"),

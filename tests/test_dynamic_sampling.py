@@ -6,11 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.dynamic_sampling import DynamicSampler, concat_rollouts, select_rows_of
 from rloo.rollout import Rollout
-
-from conftest import digit_fraction
 
 
 def _rollout(prompt_width, completion_width, start):

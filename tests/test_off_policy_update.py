@@ -7,10 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.update import Learner
-
-from conftest import digit_fraction
 
 LN = math.log
 

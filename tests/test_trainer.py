@@ -8,11 +8,10 @@ import torch
 
 import rloo.rollout as rollout_module
 import rloo.update as update_module
-from rloo import RLOOConfig, RLOOTrainer
-from rloo.checkpoint import CheckpointError
-from rloo.rewards.scoring import RewardError
-
 from conftest import digit_fraction
+from rloo import RLOOConfig, RLOOTrainer
+from rloo.rewards.scoring import RewardError
+from rloo.run.checkpoint import CheckpointError
 
 
 def _config(tmp_path, **overrides):
@@ -228,7 +227,8 @@ def test_reward_function_errors(tmp_path, make_model, tokenizer, digit_dataset):
     def one_value(completions, **kwargs):
         return [1.0]
 
-    trainer = RLOOTrainer(make_model(), one_value, args=_config(tmp_path), train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer = RLOOTrainer(make_model(), one_value, args=_config(tmp_path), train_dataset=digit_dataset,
+                          processing_class=tokenizer)
     with pytest.raises(RewardError, match="returned 1 values for 8 completions"):
         trainer.train()
     with pytest.raises(ValueError, match="same argument"):

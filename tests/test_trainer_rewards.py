@@ -7,8 +7,8 @@ import torch
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.rewards import exact_match, thinking_answer_reward
 from rloo.generation import SampledBatch, completion_mask_from_eos, left_pad
+from rloo.rewards import exact_match, thinking_answer_reward
 from rloo.rewards.scoring import RewardError
 
 

@@ -6,11 +6,18 @@ mirrors TRL's `RLOOConfig` and `RLOOTrainer`, so a TRL script ports by changing 
 script helpers TRL exports (`TrlParser`, `ScriptArguments`, `ModelConfig`, `get_peft_config`, ...) are here too.
 """
 
-from .config import ConfigError, RLOOConfig
-from .script_parser import TrlParser
-from .scripts import (DatasetMixtureConfig, ModelConfig, ScriptArguments, get_dataset, get_kbit_device_map,
-                      get_peft_config, get_quantization_config)
-from .trainer import RLOOTrainer
+from rloo.compat.script_parser import TrlParser
+from rloo.compat.scripts import (
+    DatasetMixtureConfig,
+    ModelConfig,
+    ScriptArguments,
+    get_dataset,
+    get_kbit_device_map,
+    get_peft_config,
+    get_quantization_config,
+)
+from rloo.config import ConfigError, RLOOConfig
+from rloo.trainer import RLOOTrainer
 
 __all__ = ["RLOOConfig", "RLOOTrainer", "ConfigError", "TrlParser", "ScriptArguments", "ModelConfig",
            "DatasetMixtureConfig", "get_dataset", "get_peft_config", "get_quantization_config", "get_kbit_device_map"]

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from .rollout import Rollout, RolloutCollector, Samples
+from rloo.rollout import Rollout, RolloutCollector, Samples
 
 
 class RolloutTimeout(RuntimeError):

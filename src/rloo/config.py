@@ -30,7 +30,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from . import trl_compat
+from rloo.compat import config_fields
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class RLOOConfig:
     """Hyper-parameters of an RLOO run. See the module docstring for how batch sizes count."""
 
     # --- where and how to run ---
-    # Loading models given by name (policy, reference, reward models); see rloo/loading.py.
+    # Loading models given by name (policy, reference, reward models); see rloo/model_loading.py.
     model_init_kwargs: dict[str, Any] | None = None
     """Keyword arguments for `from_pretrained` of every model given by name, as TRL names them:
     dtype ("auto", "bfloat16", "float16", "float32"; default "auto": the checkpoint's dtype),
@@ -371,7 +371,7 @@ class RLOOConfig:
     are scored None by that function, a warning names the count, and `rewards/<name>/errors` logs it)."""
 
     def __post_init__(self) -> None:
-        from .config_checks import validate  # here: that module imports this one
+        from rloo.config_checks import validate  # here: that module imports this one
 
         validate(self)
 
@@ -412,10 +412,10 @@ def _accept_aliases(cls: type) -> type:
 
     @functools.wraps(original_init)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # TRL's other field names are honoured, mapped or refused by name in trl_compat (docs/trl_migration.md).
+        # TRL's other field names are honoured, mapped or refused by name in config_fields (docs/trl_migration.md).
         try:
-            ours, trl_values = trl_compat.translate(resolve_aliases(kwargs), own_fields)
-        except trl_compat.TRLFieldError as error:
+            ours, trl_values = config_fields.translate(resolve_aliases(kwargs), own_fields)
+        except config_fields.TRLFieldError as error:
             raise ConfigError(str(error)) from None
         self._trl_values = trl_values  # readable as config.<name>, e.g. push_to_hub, model_init_kwargs
         try:
@@ -428,7 +428,7 @@ def _accept_aliases(cls: type) -> type:
             raise
 
     def __getattr__(self: Any, name: str) -> Any:  # only called for names that are not set
-        return trl_compat.trl_attribute(self, name)
+        return config_fields.trl_attribute(self, name)
 
     cls.__init__ = __init__
     cls.__getattr__ = __getattr__

@@ -16,7 +16,7 @@ import types
 import typing
 from typing import Any
 
-from .config import (
+from rloo.config import (
     ADVANTAGE_ESTIMATORS,
     IMPORTANCE_SAMPLING_LEVELS,
     KL_ESTIMATORS,
@@ -25,8 +25,8 @@ from .config import (
     LR_SCHEDULERS,
     MODEL_DTYPES,
     NAN_POLICIES,
-    REWARD_ERROR_POLICIES,
     OPTIMIZERS,
+    REWARD_ERROR_POLICIES,
     SAMPLER_CORRECTION_MODES,
     SAMPLERS,
     TRUNCATE_PROMPTS,
@@ -34,7 +34,7 @@ from .config import (
     ConfigError,
     RLOOConfig,
 )
-from .trackers import check_report_to
+from rloo.run.trackers import check_report_to
 
 logger = logging.getLogger("rloo.config")
 
@@ -207,7 +207,8 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
     require(c.eval_steps >= 0, f"eval_steps must be >= 0, got {c.eval_steps!r}.")
     require(c.num_generations_eval is None or (isinstance(c.num_generations_eval, int) and c.num_generations_eval >= 1),
             f"num_generations_eval must be an integer >= 1 or unset (num_generations), got {c.num_generations_eval!r}.")
-    require(c.reward_weights is None or (len(c.reward_weights) > 0 and all(isinstance(w, (int, float)) for w in c.reward_weights)),
+    weights = c.reward_weights
+    require(weights is None or (len(weights) > 0 and all(isinstance(w, (int, float)) for w in weights)),
             f"reward_weights must be a non-empty list of numbers or unset, got {c.reward_weights!r}.")
     require(c.truncate_prompts in TRUNCATE_PROMPTS,
             f"truncate_prompts must be one of {TRUNCATE_PROMPTS}, got {c.truncate_prompts!r}.")

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from .algo.group_filter import informative_groups
-from .config import RLOOConfig
-from .data.schedule import select_rows
-from .rollout import Rollout, RolloutCollector, Samples
+from rloo.algo.group_filter import informative_groups
+from rloo.config import RLOOConfig
+from rloo.data.schedule import select_rows
+from rloo.rollout import Rollout, RolloutCollector, Samples
 
 LEFT_PADDED = ("prompt_ids", "prompt_mask")
 PAD_VALUES = {"is_weights": 1.0}  # every other padded position holds 0 (or the pad token id for ids)

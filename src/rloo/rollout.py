@@ -14,20 +14,20 @@ from typing import Any, Iterator
 import torch
 from accelerate import Accelerator
 
-from .algo.advantages import compute_advantages, whiten
-from .algo.importance import mismatch_sums
-from .algo.kl import kl_penalized_reward, token_kl, token_kl_advantages
-from .algo.logprobs import completion_logprobs, position_ids_from_mask
-from .algo.off_policy import kept_log_mass, sampler_correction_weights
-from .algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
-from .algo.shaping import shape_scores
-from .config import RLOOConfig
-from .data.prompts import as_completions, tokenize_prompts
-from .generation.base import SampledBatch, Sampler
-from .generation.stop import cut_at_stop_strings
-from .rewards.scoring import RewardFunction, ScoredBatch, reward_arguments, score_completions
-from .rewards.trl_names import RewardLog
-from .sharding import full_weights_for_generation
+from rloo.algo.advantages import compute_advantages, whiten
+from rloo.algo.importance import mismatch_sums
+from rloo.algo.kl import kl_penalized_reward, token_kl, token_kl_advantages
+from rloo.algo.logprobs import completion_logprobs, position_ids_from_mask
+from rloo.algo.off_policy import kept_log_mass, sampler_correction_weights
+from rloo.algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
+from rloo.algo.shaping import shape_scores
+from rloo.config import RLOOConfig
+from rloo.data.prompts import as_completions, tokenize_prompts
+from rloo.dist.sharding import full_weights_for_generation
+from rloo.generation.base import SampledBatch, Sampler
+from rloo.generation.stop import cut_at_stop_strings
+from rloo.rewards.scoring import RewardFunction, ScoredBatch, reward_arguments, score_completions
+from rloo.rewards.trl_names import RewardLog
 
 
 def padded_span(first: int, last: int, prompt_width: int, completion_width: int, multiple: int) -> tuple[int, int]:

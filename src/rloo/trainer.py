@@ -29,20 +29,22 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from . import checkpoint, evaluation, report, setup, sharding, trainer_api
-from .algo import reference_sync
-from .allocator import return_large_buffers_to_os
-from .async_rollouts import AsyncRollouts
-from .config import ConfigError, RLOOConfig
-from .data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
-from .data.schedule import PromptSchedule, select_rows
-from .dynamic_sampling import DynamicSampler, zero_spread_message
-from .generation.base import Sampler
-from .metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics, with_trl_names
-from .rewards.reward_model import RewardModel
-from .rollout import Rollout, RolloutCollector, Samples
-from .run_control import StopSignals, check_output_dir, prepare_output_dir, truncate_history
-from .update import Learner, mini_batches
+from rloo import builders
+from rloo.algo import reference_sync
+from rloo.async_rollouts import AsyncRollouts
+from rloo.config import ConfigError, RLOOConfig
+from rloo.data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
+from rloo.data.schedule import PromptSchedule, select_rows
+from rloo.dist import sharding
+from rloo.dynamic_sampling import DynamicSampler, zero_spread_message
+from rloo.generation.base import Sampler
+from rloo.rewards.reward_model import RewardModel
+from rloo.rollout import Rollout, RolloutCollector, Samples
+from rloo.run import checkpoint, evaluation, report, trainer_api
+from rloo.run.allocator import return_large_buffers_to_os
+from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics, with_trl_names
+from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, truncate_history
+from rloo.update import Learner, mini_batches
 
 
 class RLOOTrainer:
@@ -91,37 +93,37 @@ class RLOOTrainer:
         reward_funcs = _check_arguments(reward_funcs, reward_model, train_dataset, sampler)
         self.args = args = args if args is not None else RLOOConfig()
         check_output_dir(args.output_dir)  # before anything loads
-        self.accelerator = acc = setup.build_accelerator(args)
+        self.accelerator = acc = builders.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
-        self.tokenizer = setup.load_tokenizer(processing_class, model, trust_remote_code=args.trust_remote_code)
+        self.tokenizer = builders.load_tokenizer(processing_class, model, trust_remote_code=args.trust_remote_code)
         # An IterableDataset is read once, up to the rows max_steps needs.
         train_dataset = trainer_api.take_rows(train_dataset, "train_dataset", None if args.max_steps < 0 else
                                               -(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
                                               * acc.num_processes)
         self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
-        policy = setup.load_policy(model, peft_config, args, quantization_config)
+        policy = builders.load_policy(model, peft_config, args, quantization_config)
         check_vocabulary(self.tokenizer, policy)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
-        reference = setup.build_reference(policy, args)
+        reference = builders.build_reference(policy, args)
         self.schedule = PromptSchedule(num_rows=len(train_dataset), prompts_per_process=args.prompts_per_rollout,
                                        num_processes=acc.num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
-        self.num_rollouts, self.total_steps = setup.run_length(args, self.schedule, acc.num_processes)
+        self.num_rollouts, self.total_steps = builders.run_length(args, self.schedule, acc.num_processes)
         optimizer, scheduler = optimizers  # TRL's optimizers=(optimizer, scheduler); None builds ours
-        optimizer = optimizer if optimizer is not None else setup.build_optimizer(policy, args)
+        optimizer = optimizer if optimizer is not None else builders.build_optimizer(policy, args)
         # A model fresh from another training loop may still hold gradients; the first backward would add to them.
         optimizer.zero_grad(set_to_none=True)
-        scheduler = scheduler if scheduler is not None else setup.build_scheduler(optimizer, args, self.total_steps)
+        scheduler = scheduler if scheduler is not None else builders.build_scheduler(optimizer, args, self.total_steps)
         self.model, self.optimizer, self.lr_scheduler = acc.prepare(policy, optimizer, scheduler)
         self.reference = None if reference is None else sharding.prepare_reference(acc, reference)
 
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.reward_functions, self.reward_weights = setup.build_rewards(
+        self.reward_functions, self.reward_weights = builders.build_rewards(
             args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names)
 
         if sampler is None:  # stops at the end ids the checkpoint's generation config declares, too
-            sampler = setup.default_sampler(args, self.tokenizer, acc.unwrap_model(self.model))
+            sampler = builders.default_sampler(args, self.tokenizer, acc.unwrap_model(self.model))
         self.sampler = sampler
         self.collector = RolloutCollector(args, acc, self.model, self.reference,
                                           self.tokenizer, self.sampler, self.reward_functions, self.reward_weights)

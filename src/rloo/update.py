@@ -21,14 +21,14 @@ from typing import Any, Iterator
 import torch
 from accelerate import Accelerator
 
-from .algo.kl import token_kl
-from .algo.logprobs import completion_logprobs
-from .algo.loss import PolicyLossOutput, clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
-from .algo.off_policy import off_policy_sequence_mask
-from .algo.prefix_logprobs import check_shared_prompt_model, shared_prompt_logprobs
-from .config import RLOOConfig
-from .metrics import step_metrics
-from .rollout import Rollout
+from rloo.algo.kl import token_kl
+from rloo.algo.logprobs import completion_logprobs
+from rloo.algo.loss import PolicyLossOutput, clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
+from rloo.algo.off_policy import off_policy_sequence_mask
+from rloo.algo.prefix_logprobs import check_shared_prompt_model, shared_prompt_logprobs
+from rloo.config import RLOOConfig
+from rloo.rollout import Rollout
+from rloo.run.metrics import step_metrics
 
 # Sums over a step's micro-batches from which `metrics.step_metrics` builds the step's metrics.
 logger = logging.getLogger(__name__)

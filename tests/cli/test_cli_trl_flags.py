@@ -46,7 +46,7 @@ def test_push_to_hub_true_pushes_after_training(tmp_path, model_dir, monkeypatch
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(8)))
     pushed = []
-    monkeypatch.setattr("rloo.trainer_api.push_to_hub",
+    monkeypatch.setattr("rloo.run.trainer_api.push_to_hub",
                         lambda output_dir, repo_id, *args, **kwargs: pushed.append((output_dir, repo_id)) or "url")
     out = tmp_path / "out"
     main(["train", "--model_name_or_path", str(model_dir), "--dataset_name", str(data), "--reward_funcs",

@@ -18,8 +18,8 @@ import torch
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.builders import default_sampler
 from rloo.data.prompts import render_prompt, tokenize_prompts
-from rloo.setup import default_sampler
 from rloo.toy.vocabularies import DOWNLOAD_HINT, load_vocab_tokenizer, vocabularies_available
 
 if not vocabularies_available():

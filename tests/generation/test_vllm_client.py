@@ -7,8 +7,8 @@ from http.server import HTTPServer
 
 import pytest
 import torch
-from conftest import digit_fraction
 
+from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.generation.vllm_client import HTTPEngine, ServerError
 from rloo.generation.vllm_server import EngineHandler

@@ -17,9 +17,9 @@ if os.environ.get("RLOO_REQUIRE_VLLM", "").lower() in ("1", "true", "yes"):
 else:
     pytest.importorskip("vllm", reason="vLLM is not installed; scripts/test_vllm.sh builds a venv with it")
 
-from conftest import digit_fraction, free_port  # noqa: E402
 from test_vllm_engine import PROMPTS, K, max_logprob_gap, policy_logprobs, tiny_model  # noqa: E402
 
+from conftest import digit_fraction, free_port  # noqa: E402
 from rloo import RLOOConfig, RLOOTrainer  # noqa: E402
 from rloo.generation.vllm import VLLMSampler  # noqa: E402
 from rloo.generation.vllm_client import HTTPEngine, ServerError  # noqa: E402

@@ -7,8 +7,8 @@ import pytest
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.checkpoint import CheckpointError
 from rloo.config_checks import ConfigError
+from rloo.run.checkpoint import CheckpointError
 
 
 def _reward(completions, **kwargs):
@@ -70,12 +70,12 @@ def test_an_output_dir_that_cannot_be_created_is_refused_before_loading(tmp_path
 
 
 def test_a_failed_checkpoint_write_names_output_dir(tmp_path, make_model, tokenizer, monkeypatch):
-    import rloo.checkpoint
+    import rloo.run.checkpoint
 
     def full_disk(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(rloo.checkpoint, "_write_synced", full_disk)
+    monkeypatch.setattr(rloo.run.checkpoint, "_write_synced", full_disk)
     trainer = _trainer(tmp_path, make_model(), tokenizer, max_steps=1)
     with pytest.raises(CheckpointError, match=r"could not write checkpoint-1 into output_dir=.*run'.*No space left"):
         trainer.train()

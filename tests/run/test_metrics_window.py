@@ -2,7 +2,7 @@
 
 import pytest
 
-from rloo.metrics import MetricsWindow, step_metrics
+from rloo.run.metrics import MetricsWindow, step_metrics
 
 
 def test_token_metrics_are_weighted_by_tokens_over_uneven_steps():

@@ -8,7 +8,7 @@ import pytest
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.report import build_report, describe_run, eval_family, is_flat, run_card, used_settings
+from rloo.run.report import build_report, describe_run, eval_family, is_flat, run_card, used_settings
 
 
 def digits(completions, **kwargs):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .lm_head import tiled_head_logprobs
+from rloo.algo.lm_head import tiled_head_logprobs
 
 # Plain path only: logits elements turned into fp32 together, counted per whole row of the batch
 # (a row is T * V, so one chunk is at least one (T, V) row, however long; the tiled path has no

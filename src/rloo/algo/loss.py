@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .off_policy import importance_log_ratio
+from rloo.algo.off_policy import importance_log_ratio
 
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 

@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .logprobs import is_right_padded, logprobs_from_states, position_ids_from_mask, reachable_head, run_to_head
+from rloo.algo.logprobs import is_right_padded, logprobs_from_states, position_ids_from_mask, reachable_head, run_to_head
 
 
 def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int) -> bool:

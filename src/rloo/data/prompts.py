@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..config import ConfigError
+from rloo.config import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@
   `vllm_server` is that server, `vllm_client` the trainer's side of it. Imported only when chosen.
 """
 
-from .base import SampledBatch, Sampler, completion_mask_from_eos, left_pad
-from .fast import FastSampler
-from .hf import GenerateSampler
+from rloo.generation.base import SampledBatch, Sampler, completion_mask_from_eos, left_pad
+from rloo.generation.fast import FastSampler
+from rloo.generation.hf import GenerateSampler
 
 __all__ = ["SampledBatch", "Sampler", "FastSampler", "GenerateSampler", "left_pad", "completion_mask_from_eos"]

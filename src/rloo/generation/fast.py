@@ -11,7 +11,7 @@ samples K completions of the same prompt, so `FastSampler`
      has produced an end token or `max_new_tokens` is reached.
 
 The distribution is the one `generate` samples from: logits / temperature, then top-k, then
-top-p (nucleus), in that order, then a multinomial draw. tests/test_decoding.py checks greedy
+top-p (nucleus), in that order, then a multinomial draw. tests/generation/test_decoding.py checks greedy
 outputs against `generate` and sampled token statistics against the exact model probabilities.
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from .kv_cache import append_in_place_cache
-from ..algo.logprobs import position_ids_from_mask
-from .base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
+from rloo.algo.logprobs import position_ids_from_mask
+from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
+from rloo.generation.kv_cache import append_in_place_cache
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
+from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 
 
 @dataclass

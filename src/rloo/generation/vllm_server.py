@@ -81,7 +81,7 @@ class EngineHandler(BaseHTTPRequestHandler):
 def build_engine(model: str, dtype: str, max_model_len: int | None, seed: int) -> Any:
     """A ColocatedEngine for the server's own process: a world of one, whatever launcher variables
     (RANK, MASTER_PORT, ...) the shell that started it has (a trainer's port would already be taken)."""
-    from .vllm import ColocatedEngine
+    from rloo.generation.vllm import ColocatedEngine
 
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(name, None)

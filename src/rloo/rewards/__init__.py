@@ -10,7 +10,7 @@
 - `trl_names`: TRL's built-in reward functions under their TRL names (`accuracy_reward`, ...).
 """
 
-from .builtins import (
+from rloo.rewards.builtins import (
     BUILTIN_REWARD_FACTORIES,
     BUILTIN_REWARDS,
     code_execution,
@@ -23,7 +23,7 @@ from .builtins import (
     think_format,
     thinking_answer_reward,
 )
-from .trl_names import (
+from rloo.rewards.trl_names import (
     TRL_REWARDS,
     accuracy_reward,
     get_soft_overlong_punishment,

@@ -13,9 +13,9 @@ import concurrent.futures
 import re
 from typing import Any, Callable
 
-from ..data.prompts import render_prompt
-from .gsm8k import gsm8k_accuracy, gsm8k_format, gsm8k_thinking_accuracy
-from .sandbox import run_tests
+from rloo.data.prompts import render_prompt
+from rloo.rewards.gsm8k import gsm8k_accuracy, gsm8k_format, gsm8k_thinking_accuracy
+from rloo.rewards.sandbox import run_tests
 
 
 def completion_text(completion: Any) -> str:

@@ -110,7 +110,7 @@ def gsm8k_thinking_accuracy(tokenizer: Any, think_end_token: str = "</think>",
         >>> reward(completion_ids=[ids], answer=["21"])
         [1.0]
     """
-    from .builtins import thinking_answer_reward
+    from rloo.rewards.builtins import thinking_answer_reward
 
     reward = thinking_answer_reward(tokenizer, think_end_token=think_end_token, score=gsm8k_score,
                                     chat_template_kwargs=chat_template_kwargs)

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
-from ..config import ConfigError
-from ..data.prompts import is_conversational
+from rloo.config import ConfigError
+from rloo.data.prompts import is_conversational
 
 
 class RewardModel:
@@ -55,7 +55,7 @@ class RewardModel:
                         name: str | None = None, **init_kwargs: Any) -> "RewardModel":
         """Load a reward model (and, unless given, its tokenizer) from a model id or local path;
         `init_kwargs` (attn_implementation, revision, trust_remote_code, ...) go to `from_pretrained`."""
-        from ..loading import from_pretrained
+        from rloo.model_loading import from_pretrained
 
         init_kwargs.setdefault("trust_remote_code", False)
         model = from_pretrained(AutoModelForSequenceClassification.from_pretrained, path, "reward model", num_labels=1,

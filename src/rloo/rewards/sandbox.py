@@ -28,9 +28,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from . import isolation
-from .isolation import SandboxUnavailable
-from .verdicts import judge, plan_test
+from rloo.rewards import isolation
+from rloo.rewards.isolation import SandboxUnavailable
+from rloo.rewards.verdicts import judge, plan_test
 
 __all__ = ["SandboxResult", "SandboxUnavailable", "run_tests"]
 logger = logging.getLogger(__name__)

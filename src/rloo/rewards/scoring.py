@@ -18,12 +18,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import logging
 import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
-
-import logging
 
 import torch
 
@@ -103,7 +102,7 @@ def build_reward_functions(reward_funcs: Any, reward_processing_classes: Any = N
     """
     from transformers import PreTrainedModel
 
-    from .reward_model import as_reward_model
+    from rloo.rewards.reward_model import as_reward_model
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     models = sum(isinstance(func, (str, PreTrainedModel)) for func in funcs)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from transformers import TrainerState
 
-from .builtins import completion_text, math_accuracy, think_format
+from rloo.rewards.builtins import completion_text, math_accuracy, think_format
 
 
 def _gold(solution: list | None, answer: list | None) -> list:

@@ -22,11 +22,11 @@ This package re-exports the names the tests, benchmarks and docs use; the rest (
 tokens, the warm start's calibrated defaults) live in the submodules.
 """
 
-from .evaluation import greedy_accuracy, greedy_completions
-from .models import build_tiny_model
-from .tasks import addition_dataset, addition_split, char_match_reward, exact_match_reward, reverse_dataset
-from .tokenizer import CHARACTERS, CHAT_TEMPLATE, build_char_tokenizer
-from .warm_start import ADDITION_NUM_EVAL, ADDITION_NUM_TRAIN, supervised_warm_start, warm_started_addition_model
+from rloo.toy.evaluation import greedy_accuracy, greedy_completions
+from rloo.toy.models import build_tiny_model
+from rloo.toy.tasks import addition_dataset, addition_split, char_match_reward, exact_match_reward, reverse_dataset
+from rloo.toy.tokenizer import CHARACTERS, CHAT_TEMPLATE, build_char_tokenizer
+from rloo.toy.warm_start import ADDITION_NUM_EVAL, ADDITION_NUM_TRAIN, supervised_warm_start, warm_started_addition_model
 
 __all__ = [
     "ADDITION_NUM_EVAL", "ADDITION_NUM_TRAIN", "CHARACTERS", "CHAT_TEMPLATE",

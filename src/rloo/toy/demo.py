@@ -19,14 +19,13 @@ from typing import Sequence
 
 import torch
 
-from ..config import RLOOConfig
-from ..rewards import exact_match
-from ..run_control import previous_run_files
-from ..trainer import RLOOTrainer
-from .evaluation import greedy_accuracy
-from .tasks import addition_split
-from .warm_start import ADDITION_NUM_EVAL, warm_started_addition_model
-
+from rloo.config import RLOOConfig
+from rloo.rewards import exact_match
+from rloo.run.run_dir import previous_run_files
+from rloo.toy.evaluation import greedy_accuracy
+from rloo.toy.tasks import addition_split
+from rloo.toy.warm_start import ADDITION_NUM_EVAL, warm_started_addition_model
+from rloo.trainer import RLOOTrainer
 
 MARKER = ".rloo-demo"  # in an output_dir the demo wrote: a later demo may replace that run
 
@@ -60,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--learning_rate", type=float, default=3e-5, help="RLOO learning rate.")
     parser.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0: no reference model).")
     parser.add_argument("--num_eval", type=int, default=ADDITION_NUM_EVAL,
-                        help=f"Held-out problems for greedy accuracy (at most {ADDITION_NUM_EVAL}: the warm start never saw them).")
+                        help=f"Held-out problems for greedy accuracy (at most {ADDITION_NUM_EVAL}: "
+                             "the warm start never saw them).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the data, the warm start and RLOO.")
     return parser
 
@@ -69,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser = build_parser()
     options = parser.parse_args(argv)
     if not 1 <= options.num_eval <= ADDITION_NUM_EVAL:
-        parser.error(f"--num_eval must be between 1 and {ADDITION_NUM_EVAL}: more would include problems the warm start trained on.")
+        parser.error(f"--num_eval must be between 1 and {ADDITION_NUM_EVAL}: "
+                     "more would include problems the warm start trained on.")
     # OMP_NUM_THREADS, when set, is the user's choice (a shared machine); else every core.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, os.cpu_count() or 1))
     start = time.perf_counter()
@@ -115,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
           f"({options.num_eval} problems, {trainer.episode} episodes, {elapsed:.0f} s)")
     print(f"run written to {Path(options.output_dir).resolve()} (metrics.jsonl, completions.jsonl, model)")
     try:  # the page of plots needs matplotlib, an optional extra
-        from ..report import build_report
+        from rloo.run.report import build_report
 
         print(f"report: {build_report(options.output_dir).resolve()}")
     except ImportError as error:

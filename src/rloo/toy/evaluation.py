@@ -6,9 +6,9 @@ import torch
 import transformers
 from datasets import Dataset
 
-from ..data.prompts import tokenize_prompts
-from ..generation import FastSampler
-from ..rewards import exact_match
+from rloo.data.prompts import tokenize_prompts
+from rloo.generation import FastSampler
+from rloo.rewards import exact_match
 
 
 @torch.no_grad()
@@ -23,7 +23,7 @@ def greedy_completions(
     """Greedy completions of `prompts`, decoded without special tokens and stripped.
 
     Decoding is `rloo.generation.FastSampler(do_sample=False)` with one completion per prompt,
-    whose output tests/test_decoding.py checks equal to greedy `generate`.
+    whose output tests/generation/test_decoding.py checks equal to greedy `generate`.
 
     Args:
         model: a causal LM; put in eval mode.

@@ -85,7 +85,7 @@ def build_summary_reward_model(posts: list[str], held_out_posts: list[str], fold
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from ..rewards.reward_model import RewardModel
+    from rloo.rewards.reward_model import RewardModel
 
     tokenizer = AutoTokenizer.from_pretrained(policy_folder)
     model = AutoModelForSequenceClassification.from_pretrained(policy_folder, num_labels=1, dtype=torch.float32)

@@ -11,7 +11,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from ..rewards import completion_text, exact_match
+from rloo.rewards import completion_text, exact_match
 
 # The addition task's reward is the library's built-in `exact_match` (trim, collapse white space,
 # drop a trailing period, lower-case, then compare); the name is kept for the benchmarks.

@@ -21,13 +21,13 @@ import torch
 import transformers
 from datasets import Dataset
 
-from ..algo.logprobs import position_ids_from_mask
-from ..data.prompts import tokenize_prompts
-from ..generation import left_pad
-from .evaluation import greedy_accuracy
-from .models import build_tiny_model, set_generation_ids
-from .tasks import addition_split
-from .tokenizer import build_char_tokenizer
+from rloo.algo.logprobs import position_ids_from_mask
+from rloo.data.prompts import tokenize_prompts
+from rloo.generation import left_pad
+from rloo.toy.evaluation import greedy_accuracy
+from rloo.toy.models import build_tiny_model, set_generation_ids
+from rloo.toy.tasks import addition_split
+from rloo.toy.tokenizer import build_char_tokenizer
 
 _WARMUP_STEPS = 20
 # Training rows (4 batches of 64) over which the early-stopping accuracy is averaged.

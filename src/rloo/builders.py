@@ -1,0 +1,247 @@
+"""Everything the loop needs before it starts: accelerator, tokenizer, policy, reference, optimizer,
+schedule, run length and the default sampler. Each builder takes the config and returns one thing.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from typing import Any, Sequence
+
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
+
+from rloo import model_loading
+from rloo.compat import config_fields
+from rloo.config import ConfigError, RLOOConfig
+from rloo.data.schedule import PromptSchedule
+from rloo.dist import deepspeed_setup
+from rloo.dist.launch import check_launch
+from rloo.dist.sharding import check_supported
+from rloo.generation import FastSampler, GenerateSampler, Sampler
+from rloo.generation.options import sampler_options
+from rloo.rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
+from rloo.run.trackers import resolve_report_to
+
+
+def build_accelerator(args: RLOOConfig) -> Accelerator:
+    """The accelerator; refuses a launch whose processes accelerate did not connect (`launch.check_launch`)
+    and an accelerate accumulation setting that disagrees with the config's."""
+    accelerator = _accelerator(args)
+    if accelerator.gradient_accumulation_steps != args.gradient_accumulation_steps:
+        raise ValueError(
+            f"accelerate was configured with gradient_accumulation_steps={accelerator.gradient_accumulation_steps} "
+            f"(the ACCELERATE_GRADIENT_ACCUMULATION_STEPS variable, or a DeepSpeed config), but "
+            f"gradient_accumulation_steps={args.gradient_accumulation_steps} in RLOOConfig. Set them equal; the "
+            f"trainer's value decides where an optimizer step ends.")
+    check_launch(accelerator.num_processes)
+    check_supported(accelerator)
+    if accelerator.state.deepspeed_plugin is not None:  # no dataloader tells accelerate the micro-batch size
+        deepspeed_setup.fill_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, args)
+    return accelerator
+
+
+def _accelerator(args: RLOOConfig) -> Accelerator:
+    mixed_precision = "bf16" if use_bf16(args) else "fp16" if args.fp16 else "no"
+    # A second trainer in one process (a notebook) may ask for other precision; accelerate keeps one
+    # process-wide state and would refuse. The precision part is reset; processes and devices stay.
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(
+        cpu=args.use_cpu,
+        mixed_precision=mixed_precision,
+        log_with=resolve_report_to(args.report_to) or None,
+        project_dir=args.output_dir,
+        # Our schedule counts global optimizer steps; by default accelerate would step it once
+        # per process per step and decay the learning rate num_processes times too fast.
+        step_scheduler_with_optimizer=False,
+        # Where an optimizer step ends: DeepSpeed reads its accumulation from here, and
+        # `update.Learner` sets `sync_gradients` per micro-batch.
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        kwargs_handlers=deepspeed_setup.process_group_kwargs(args),  # DeepSpeed on CPU processes: gloo
+    )
+
+
+def use_bf16(args: RLOOConfig) -> bool:
+    """args.bf16, or when it is None (auto): on where CUDA computes bf16 natively, and never with fp16."""
+    if args.bf16 is not None:
+        return args.bf16
+    return not args.fp16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def check_model_name(model: Any) -> None:
+    """A model given by name must be an existing local directory or look like a Hub id ("org/name")."""
+    from pathlib import Path
+
+
+    if not isinstance(model, str):
+        return
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model {model!r} is a local path without config.json; give a directory written by "
+                              f"save_pretrained (config.json and weights).")
+        return
+    if model.startswith((".", "/", "~")) or len(path.parts) > 2 or not model.strip():
+        raise ConfigError(f"model path {model!r} does not exist; give a local model directory or a Hub id (org/name).")
+
+
+def check_causal_lm(model: torch.nn.Module) -> None:
+    """Refuse a sequence-classification checkpoint (a reward model) given as the policy, by the class
+    it was saved from (config.architectures), whatever it was loaded as."""
+
+    config = getattr(model, "config", None)
+    names = [*(getattr(config, "architectures", None) or []), type(model).__name__]
+    if any(name.endswith("ForSequenceClassification") for name in names):
+        raise ConfigError(f"the policy {getattr(config, '_name_or_path', model)!r} is a sequence-classification model "
+                          f"({names[0]}), i.e. a reward model; the policy must be a causal LM. Pass it in reward_funcs "
+                          f"(model:path) and a causal LM as the model.")
+
+
+def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:
+    """The given tokenizer, or the model's; a missing pad token becomes the EOS token."""
+    check_model_name(model)
+    tokenizer = processing_class if processing_class is not None else model_loading.from_pretrained(
+        AutoTokenizer.from_pretrained, model if isinstance(model, str) else model.config._name_or_path, "model",
+        **({"trust_remote_code": True} if trust_remote_code else {}),
+    )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token_id is None:
+        raise ValueError("The tokenizer has no eos_token; RLOO needs one to know where completions end.")
+    return tokenizer
+
+
+def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig,
+                quantization_config: Any = None) -> torch.nn.Module:
+    """The trained model: loaded by name or taken as given, wrapped with LoRA adapters when asked."""
+    check_model_name(model)
+    if isinstance(model, str):
+        init_kwargs = model_loading.model_init_kwargs(args)
+        if quantization_config is not None:
+            init_kwargs["quantization_config"] = quantization_config
+        policy = model_loading.from_pretrained(AutoModelForCausalLM.from_pretrained, model, "model", **init_kwargs)
+    else:
+        config_fields.model_init_kwargs(args, model_is_loaded=True)  # refuses kwargs that would be ignored
+        policy = model
+    check_causal_lm(policy)  # after loading: a reward model loads as a causal LM with a random head
+    if model_loading.is_quantized(policy):
+        policy = model_loading.prepare_quantized(policy, peft_config, args)
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        policy = get_peft_model(policy, peft_config)
+    if args.disable_dropout:
+        for module in policy.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    if args.gradient_checkpointing:
+        # Non-reentrant: works with frozen inputs (LoRA) and with the tiled LM-head's custom backward.
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy.config.use_cache = False
+    return policy
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    return hasattr(model, "disable_adapter")
+
+
+def build_reference(policy: torch.nn.Module, args: RLOOConfig) -> torch.nn.Module | None:
+    """A frozen copy of the policy; None when beta == 0 (no KL) or under LoRA, where the reference
+    is the policy with its adapters disabled and no second copy is kept."""
+    if args.beta > 0 and not is_peft_model(policy):
+        return copy.deepcopy(policy).eval().requires_grad_(False)
+    return None
+
+
+def build_optimizer(model: torch.nn.Module, args: RLOOConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Decay matrices only; biases and norm weights are not decayed.
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    kwargs = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    if args.optim == "adamw_8bit":
+        if not torch.cuda.is_available():
+            raise RuntimeError("optim='adamw_8bit' needs a CUDA GPU (bitsandbytes); use optim='adamw_torch' here.")
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(groups, **kwargs)
+    # The fused kernel updates every tensor in one pass: over twice as fast as the per-tensor loop
+    # on CPU, and transformers' default on GPU too. Older torch or other devices fall back.
+    fused = params[0].device.type in ("cpu", "cuda") and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    return torch.optim.AdamW(groups, **kwargs, fused=fused or None)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, args: RLOOConfig, total_steps: int) -> Any:
+    warmup = args.warmup_steps or math.ceil(args.warmup_ratio * total_steps)
+    return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps,
+                         scheduler_specific_kwargs=args.lr_scheduler_kwargs or None)  # TRL's lr_scheduler_kwargs
+
+
+def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -> tuple[int, int]:
+    """(rollouts, optimizer steps) from max_steps, total_episodes or num_train_epochs, in that order."""
+    per_rollout = args.steps_per_rollout
+    if args.max_steps > 0:
+        return math.ceil(args.max_steps / per_rollout), args.max_steps
+    if args.total_episodes is not None:
+        rollouts = math.ceil(args.total_episodes / (args.completions_per_rollout * num_processes))
+    else:
+        rollouts = max(1, int(args.num_train_epochs * schedule.batches_per_epoch))
+    return rollouts, rollouts * per_rollout
+
+
+def checkpoint_end_ids(model: torch.nn.Module | None) -> list[int]:
+    """The end-of-turn ids a checkpoint declares in `generation_config.eos_token_id` (an int or a
+    list), which `generate` stops at: Gemma's <end_of_turn>, Llama 3's <|eot_id|> and <|eom_id|>."""
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if declared is None:
+        return []
+    return [int(declared)] if isinstance(declared, int) else [int(i) for i in declared]
+
+
+def default_sampler(args: RLOOConfig, tokenizer: Any, model: torch.nn.Module | None = None) -> Sampler:
+    """The sampler `args.sampler` names, stopping at EOS, the end ids `model.generation_config`
+    declares, and `stop_token_ids`."""
+    end_ids = [tokenizer.eos_token_id, *checkpoint_end_ids(model), *(args.stop_token_ids or [])]
+    common = dict(
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=list(dict.fromkeys(end_ids)),  # duplicates dropped, order kept
+        max_new_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        **sampler_options(args),
+    )
+    if args.sampler == "fast" and common["generation_kwargs"]:
+        raise ConfigError(f"generation_kwargs {sorted(common['generation_kwargs'])} need sampler='generate' (transformers' "
+                          f"generate takes them; the fast sampler does temperature, top_k, top_p and min_p only). "
+                          f"Set sampler='generate', or drop those keys.")
+    if args.sampler == "vllm":  # imported here: the module is optional and its engines heavy
+        from rloo.generation.vllm import VLLMSampler
+
+        return VLLMSampler(**common, args=args)
+    if args.sampler == "paged":
+        from rloo.generation.paged import PagedSampler
+
+        return PagedSampler(**common)
+    sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
+    return sampler_class(**common)
+
+
+def build_rewards(args: RLOOConfig, reward_funcs: Any, reward_processing_classes: Any, device: Any,
+                  column_names: Sequence[str]) -> tuple[list[RewardFunction], list[float]]:
+    """The wrapped reward functions (reward models loaded with model_init_kwargs) and their weights;
+    a function needing an argument that neither the trainer nor the dataset provides is refused now."""
+    functions = build_reward_functions(reward_funcs, reward_processing_classes, device, model_loading.model_init_kwargs(args))
+    available = set(TRAINER_ARGUMENTS) | (set(column_names) - {"prompt"})
+    for fn in functions:
+        fn.check_available(available)
+    weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * len(functions)
+    if len(weights) != len(functions):
+        raise ConfigError(f"reward_weights has {len(weights)} weights for {len(functions)} reward functions.")
+    return functions, weights

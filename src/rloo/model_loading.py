@@ -1,0 +1,74 @@
+"""Models given by name are loaded as users load them: `RLOOConfig.model_init_kwargs` (TRL's name)
+goes to `from_pretrained` of the policy and of reward models, and a `quantization_config` turns a
+policy with a `peft_config` into QLoRA (k-bit base prepared for training, LoRA adapters on top).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from rloo.config import ConfigError, RLOOConfig
+
+# What a model given by name gets unless the user says otherwise: the checkpoint's own dtype (not
+# silently fp32), and no code from the Hub runs unless asked.
+DEFAULT_INIT_KWARGS = {"dtype": "auto", "trust_remote_code": False}
+
+
+def model_init_kwargs(args: RLOOConfig) -> dict[str, Any]:
+    """`from_pretrained` keyword arguments from the config, over rloo's defaults; dtype names become
+    torch dtypes and TRL's spellings are read (`trl_compat.model_init_kwargs`), a quantization_config
+    dict becomes a BitsAndBytesConfig."""
+    from rloo.compat.config_fields import model_init_kwargs as trl_kwargs
+
+    kwargs = {**DEFAULT_INIT_KWARGS, **trl_kwargs(args, model_is_loaded=False)}
+    if isinstance(kwargs.get("quantization_config"), dict):
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(**kwargs["quantization_config"])
+    return kwargs
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    return bool(getattr(model, "is_quantized", False) or getattr(model, "is_loaded_in_4bit", False)
+                or getattr(model, "is_loaded_in_8bit", False))
+
+
+def prepare_quantized(policy: torch.nn.Module, peft_config: Any, args: RLOOConfig) -> torch.nn.Module:
+    """A k-bit base can only be trained through adapters: refuse without a peft_config, else let
+    peft prepare it (norms in fp32, input grads for checkpointing) before the adapters go on."""
+    if peft_config is None:
+        raise ValueError("The policy is quantized (model_init_kwargs['quantization_config']); its weights cannot be "
+                         "trained directly. Pass a peft_config (QLoRA) or drop the quantization_config.")
+    from peft import prepare_model_for_kbit_training
+
+    return prepare_model_for_kbit_training(
+        policy, use_gradient_checkpointing=args.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def from_pretrained(load: Callable[..., Any], name: str, what: str = "model", **kwargs: Any) -> Any:
+    """`load(name, **kwargs)` (a `from_pretrained`), with a Hub id that cannot be fetched named as such:
+    offline or unreachable, say so and that a local directory works, instead of transformers' OSError."""
+    try:
+        return load(name, **kwargs)
+    except OSError as error:
+        if Path(name).expanduser().exists():
+            raise
+        raise ConfigError(hub_error_message(name, what, error)) from error
+
+
+def hub_error_message(name: str, what: str, error: BaseException) -> str:
+    """The sentence for a `what` given as the Hub id `name` that could not be loaded."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if offline:
+        return (f"{what} {name!r} is not a local path and cannot be loaded offline (HF_HUB_OFFLINE is set and it is "
+                f"not in the local cache). Give a local directory written by save_pretrained, or download it once "
+                f"with the network.")
+    return (f"{what} {name!r} is not a local path and could not be loaded from the Hugging Face Hub ({reason}). If the "
+            f"Hub is unreachable, give a local directory written by save_pretrained; check the id's spelling; for a "
+            f"private or gated model, log in with `hf auth login`.")

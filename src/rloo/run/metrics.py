@@ -1,0 +1,332 @@
+"""Metrics: their names, the window they are averaged over, and where they go.
+
+`rollout_metrics` (gathered over processes) and `step_metrics` name what the loop measures, with
+TRL v0 and v1 names; `MetricsLogger` sends them to the console, `output_dir/metrics.jsonl` and
+accelerate's trackers, with a table of sample completions. Only the main process writes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import torch
+from accelerate import Accelerator
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from tqdm.auto import tqdm
+
+from rloo.algo.importance import mismatch_metrics
+from rloo.rewards.scoring import reward_function_metrics
+from rloo.run.trackers import init_kwargs, log_table, project_name, resolve_report_to, tracker_config
+
+
+class MetricsSink(Protocol):
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+
+class JsonlSink:
+    """Appends one JSON object per logging step to a file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        with self.path.open("a") as handle:
+            handle.write(strict_json({"step": step, **metrics}, f"{self.path.name} at step {step}") + "\n")
+
+
+def _finite_or_none(value: Any, path: str, problems: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"{path}={value}")
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v, f"{path}.{k}" if path else str(k), problems) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    return value
+
+
+def strict_json(row: dict[str, Any], where: str) -> str:
+    """JSON without NaN or Infinity tokens (which strict parsers reject): such values become null,
+    and the console says which and why."""
+    problems: list[str] = []
+    cleaned = _finite_or_none(row, "", problems)
+    if problems:
+        tqdm.write(f"rloo: {where}: non-finite value(s) written as null: {', '.join(problems[:8])}")
+    return json.dumps(cleaned, allow_nan=False, default=str)
+
+
+# A metric averaged over units (tokens, completions) is averaged over a logging window weighted by the
+# units of each step, so the window's value is the one of all its steps pooled, however uneven they are.
+# Metric -> the metric (logged with it) that counts its units; other metrics weigh every step the same.
+WINDOW_WEIGHTS = {
+    "loss/policy_avg": "train/loss_denominator",
+    "policy/entropy_avg": "train/completion_tokens",
+    "loss/kl_avg": "train/completion_tokens",
+    "policy/clipfrac_avg": "train/ratio_units",
+    "clip_ratio/low_mean": "train/ratio_units",
+    "clip_ratio/high_mean": "train/ratio_units",
+    "clip_ratio/region_mean": "train/ratio_units",
+    "policy/approxkl_avg": "train/ratio_units",
+    "val/ratio": "train/ratio_units",
+    "val/ratio_var": "train/ratio_units",
+    "policy/off_policy_masked_frac": "train/completions",
+}
+
+
+class MetricsWindow:
+    """Averages values recorded between two logging steps, each weighted by the units it averages
+    over (`WINDOW_WEIGHTS`; 1 per recording for the others)."""
+
+    def __init__(self, weights: dict[str, str] | None = None) -> None:
+        self.weights = WINDOW_WEIGHTS if weights is None else weights
+        self._sums: dict[str, float] = defaultdict(float)
+        self._totals: dict[str, float] = defaultdict(float)
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            weight = float(metrics.get(self.weights.get(key, ""), 1.0))
+            self._sums[key] += weight * float(value)
+            self._totals[key] += weight
+
+    def mean_and_reset(self) -> dict[str, float]:
+        # A metric whose every recording had zero units (no tokens) has no value and is left out.
+        means = {key: self._sums[key] / self._totals[key] for key in self._sums if self._totals[key] > 0}
+        self._sums.clear()
+        self._totals.clear()
+        return means
+
+
+# The metrics a person watches; the full set goes to metrics.jsonl and the trackers.
+CONSOLE_METRICS = {
+    "reward": "reward",
+    "reward_std": "spread",
+    "objective/kl": "KL",
+    "objective/entropy": "entropy",
+    "completions/mean_length": "length",
+    "policy/clipfrac_avg": "clip frac",
+    "lr": "lr",
+    "eps": "episodes/s",
+}
+CONSOLE_MAX_COLUMNS = 9
+
+
+def console_label(key: str) -> str:
+    """A short column name for an eval metric: eval/rewards/acc/pass@4 -> "acc pass@4"."""
+    short = {"eval/reward": "eval/reward", "eval/reward_std": "spread", "eval/completions/mean_length": "length",
+             "eval/completions/clipped_ratio": "truncated"}
+    if key in short:
+        return short[key]
+    parts = key.split("/")
+    return " ".join(parts[2:]) if key.startswith("eval/rewards/") else parts[-1]
+
+
+def console_columns(metrics: dict[str, float]) -> dict[str, float]:
+    """The short set shown on the console: the key training metrics when present, else (an eval
+    log) reward, spread, length, truncation and pass@k, at most CONSOLE_MAX_COLUMNS."""
+    shown = {label: metrics[key] for key, label in CONSOLE_METRICS.items() if key in metrics}
+    if shown:
+        return shown
+    wanted = [key for key in ("eval/reward", "eval/reward_std", "eval/completions/mean_length",
+                              "eval/completions/clipped_ratio") if key in metrics]
+    wanted += [key for key in metrics if "pass@" in key]
+    wanted = wanted or list(metrics)
+    return {console_label(key): metrics[key] for key in wanted[:CONSOLE_MAX_COLUMNS]}
+
+
+def format_value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) and math.isfinite(value) else str(value)
+
+
+def metrics_table(metrics: dict[str, float], step: int) -> Table:
+    """One row of the key metrics at `step`, as a rich table."""
+    table = Table(title=None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    columns = {"step": step, **console_columns(metrics)}
+    for name in columns:
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_row(*(format_value(value) for value in columns.values()))
+    return table
+
+
+def render(renderable: Any, width: int = 120) -> str:
+    """A rich renderable as plain text, for tqdm.write: printed above the progress bar, never through it."""
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, force_terminal=False, color_system=None).print(renderable)
+    return buffer.getvalue().rstrip("\n")
+
+
+def completions_table(rows: Sequence[dict[str, Any]], step: int, max_rows: int) -> Table:
+    """A rich table of sample completions, like TRL's: prompt, completion, every score column, advantage."""
+    table = Table(title=f"Sample completions at step {step}", show_lines=True)
+    columns = [key for key in (rows[0] if rows else {}) if key != "step"]
+    for key in columns:
+        text = key in ("prompt", "completion")
+        table.add_column(key, overflow="fold", max_width=48 if text else max(len(key), 9),
+                         justify="left" if text else "right")
+    for row in list(rows)[:max_rows]:
+        table.add_row(*(format_value(row[key]) if key != "advantage" else f"{row[key]:+.4g}" for key in columns))
+    return table
+
+
+def completion_rows(prompts: Sequence[Any], completions: Sequence[str], reward_names: Sequence[str],
+                    reward_columns: torch.Tensor, scores: Sequence[float], advantages: Sequence[float],
+                    step: int, max_rows: int, extra: dict[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
+    """The first max_rows completions as rows: step, prompt, completion, each reward function's
+    value (None where it did not apply), the shaped score, the advantage, and the columns reward
+    functions added with TRL's `log_extra`."""
+    rows = []
+    for index in range(min(max_rows, len(completions))):
+        per_function = {name: (None if math.isnan(v) else v) for name, v in zip(reward_names, reward_columns[index].tolist())}
+        added = {column: values[index] for column, values in (extra or {}).items() if index < len(values)}
+        rows.append({"step": step, "prompt": prompts[index], "completion": completions[index], **per_function,
+                     "score": float(scores[index]), "advantage": float(advantages[index]), **added})
+    return rows
+
+
+def write_completions(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    """Append sample completions to a JSONL file next to the metrics."""
+    with Path(path).open("a") as handle:
+        for row in rows:
+            handle.write(strict_json(row, Path(path).name) + "\n")
+
+
+# ------------------------------------------------------------------ names
+
+
+def rollout_metrics(rollout: Any, accelerator: Accelerator, num_generations: int,
+                    reward_names: Sequence[str]) -> dict[str, float]:
+    """Metrics of a generated batch (a `rollout.Rollout`), gathered over processes."""
+    lengths = rollout.completion_mask.sum(dim=1).float()
+    gathered = accelerator.gather(torch.stack([
+        rollout.raw_scores, rollout.scores, rollout.rewards, rollout.seq_kl, lengths,
+        rollout.has_eos.float(), (~rollout.has_eos).float(),
+    ], dim=1))  # (B_global, 7)
+    raw_scores, scores, rewards, seq_kl, lengths, eos, truncated = gathered.unbind(dim=1)
+    # K = 1 (reinforce) has no spread within a group.
+    k = num_generations
+    group_std = raw_scores.view(-1, k).std(dim=1) if k > 1 else torch.zeros_like(raw_scores)  # (P_global,)
+    return {
+        "reward": raw_scores.mean().item(),
+        "reward_std": group_std.mean().item(),
+        "frac_reward_zero_std": (group_std < 1e-8).float().mean().item(),
+        "objective/scores": scores.mean().item(),  # after shaping
+        "objective/kl": seq_kl.mean().item(),
+        "objective/non_score_reward": (rewards - scores).mean().item(),  # the KL in the reward; 0 for kl_penalty="loss"
+        "objective/rlhf_reward": rewards.mean().item(),
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": truncated.mean().item(),
+        "val/num_eos_tokens": eos.sum().item(),
+        "num_tokens": lengths.sum().item(),
+        **reward_function_metrics(list(reward_names), accelerator.gather(rollout.reward_columns)),
+        # Sampler/trainer mismatch, when the sampler returned its own log-probs (algo.importance).
+        **({} if rollout.mismatch is None else mismatch_metrics(accelerator.gather(rollout.mismatch).view(-1, 4))),
+    }
+
+
+def step_metrics(totals: dict[str, float], denominator: float, with_kl_loss: bool,
+                 with_off_policy_mask: bool = False) -> dict[str, float]:
+    """An optimizer step's metrics from the sums over its micro-batches (see `update.STEP_TOTALS`)."""
+    units = max(totals["units"], 1.0)  # completions (sequence ratio) or tokens (per-token ratio)
+    ratio_mean = totals["ratio"] / units
+    low, high = totals["clipped_low"] / units, totals["clipped_high"] / units
+    metrics = {
+        "loss/policy_avg": totals["loss"] / denominator,
+        "policy/clipfrac_avg": low + high,
+        "clip_ratio/low_mean": low,
+        "clip_ratio/high_mean": high,
+        "clip_ratio/region_mean": low + high,
+        "policy/approxkl_avg": totals["approxkl"] / units,
+        "policy/entropy_avg": totals["entropy"] / max(totals["tokens"], 1.0),
+        "val/ratio": ratio_mean,
+        "val/ratio_var": max(totals["ratio_sq"] / units - ratio_mean ** 2, 0.0),
+        # The units the metrics above average over, global: what a logging window weighs each step by.
+        "train/loss_denominator": denominator,
+        "train/completion_tokens": totals["tokens"],
+        "train/ratio_units": totals["units"],
+    }
+    if with_kl_loss:
+        metrics["loss/kl_avg"] = totals["kl_loss"] / max(totals["tokens"], 1.0)
+    if with_off_policy_mask:  # the fraction of trained completions off_policy_mask_threshold dropped
+        metrics["policy/off_policy_masked_frac"] = totals["off_policy_masked"] / max(totals["completions"], 1.0)
+        metrics["train/completions"] = totals["completions"]
+    return metrics
+
+
+# TRL 1.16's names for figures rloo logs under TRL v0's names (the same values, logged under both).
+TRL_TRAIN_ALIASES = {"kl": "objective/kl", "entropy": "policy/entropy_avg", "learning_rate": "lr",
+                     "loss": "loss/policy_avg"}
+# What TRL 1.16 sends to TensorBoard / W&B with a "train/" prefix (eval keys already start with "eval/").
+TRL_TRAIN_NAMES = {*TRL_TRAIN_ALIASES, "reward", "reward_std", "frac_reward_zero_std", "num_tokens", "grad_norm"}
+TRL_TRAIN_PREFIXES = ("rewards/", "completions/", "clip_ratio/")
+
+
+def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
+    """`metrics` plus TRL 1.16's names (kl, entropy, learning_rate, loss) for the values logged under v0 names."""
+    return {**metrics, **{new: metrics[old] for new, old in TRL_TRAIN_ALIASES.items() if old in metrics}}
+
+
+def tracker_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """What the trackers get: every metric as logged, plus "train/<name>" for TRL 1.16's training
+    names, as TRL's TensorBoard and W&B charts are keyed."""
+    train = {f"train/{k}": v for k, v in metrics.items()
+             if k in TRL_TRAIN_NAMES or k.startswith(TRL_TRAIN_PREFIXES)}
+    # evaluate() also returns transformers' "eval_reward" spelling of "eval/reward": one series is enough.
+    underscored = {"_".join(k.split("/", 1)) for k in metrics if k.startswith("eval") and "/" in k}
+    return {**{k: v for k, v in metrics.items() if k not in underscored}, **train}
+
+
+# ------------------------------------------------------------------ sinks
+
+
+class MetricsLogger:
+    """Sends logged metrics to the console (a short table), metrics.jsonl and accelerate's trackers,
+    and sample completions to the console, completions.jsonl and the trackers' tables. Only the main
+    process writes; accelerate's trackers are themselves main-process only."""
+
+    def __init__(self, accelerator: Accelerator, output_dir: str | Path, report_to: str | Sequence[str],
+                 console: bool = True) -> None:
+        self.accelerator = accelerator
+        self.output_dir = Path(output_dir)
+        self.trackers = resolve_report_to(report_to)
+        self.use_trackers = bool(self.trackers)
+        self.console = console
+        self.sinks: list[MetricsSink] = [JsonlSink(self.output_dir / "metrics.jsonl")] if accelerator.is_main_process else []
+
+    def start(self, config: dict[str, Any], run_name: str | None) -> None:
+        """Open the trackers: project WANDB_PROJECT (default "rloo"), the run named `run_name`."""
+        if self.use_trackers:
+            self.accelerator.init_trackers(project_name(), config=tracker_config(config),
+                                           init_kwargs=init_kwargs(self.trackers, run_name))
+
+    def log(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        if self.accelerator.is_main_process:
+            if self.console:
+                tqdm.write(render(metrics_table(metrics, step)))
+            for sink in self.sinks:
+                sink.log(metrics, step)
+        if self.use_trackers:
+            self.accelerator.log(tracker_metrics(metrics), step=step)
+        return metrics
+
+    def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Rows from `completion_rows`: printed, appended to completions.jsonl, and logged as the
+        "completions" table to the trackers that take tables (text to TensorBoard)."""
+        if not self.accelerator.is_main_process or not rows:
+            return
+        if self.console:
+            tqdm.write(render(completions_table(rows, step, len(rows))))
+        write_completions(self.output_dir / "completions.jsonl", rows)
+        columns = list(rows[0])
+        table = [[row[key] if isinstance(row[key], (int, float, type(None))) else str(row[key]) for key in columns]
+                 for row in rows]
+        for tracker in self.accelerator.trackers if self.use_trackers else []:
+            log_table(tracker, "completions", columns, table, step)

@@ -1,0 +1,132 @@
+"""The shared-prefix training forward (`shared_prefix_forward`, algo.prefix_logprobs.shared_prompt_logprobs):
+the same log-probs, entropies and gradients as running every row whole, on Qwen2 and GPT-2, eager
+and sdpa, with left-padded prompts and micro-batches that cut groups."""
+
+import pytest
+import torch
+import transformers
+
+from conftest import gpt2_model
+from rloo import update as update_module
+from rloo.algo import prefix_logprobs
+from rloo.algo.logprobs import completion_logprobs
+from rloo.algo.prefix_logprobs import shared_prompt_logprobs
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("architecture", ["qwen2", "gpt2"])
+def test_same_logprobs_entropies_and_gradients_as_whole_rows(make_model, tokenizer, architecture, implementation):
+    if architecture == "qwen2":
+        model = make_model(seed=3)
+        model.set_attn_implementation(implementation)
+    else:
+        model = gpt2_model(tokenizer, n_positions=64, attn_implementation=implementation)
+    gen = torch.Generator().manual_seed(0)
+    n, k, p, c, vocab = 3, 4, 7, 5, model.config.vocab_size
+    prompt_mask = (torch.arange(p)[None] >= p - torch.tensor([7, 3, 5])[:, None]).long()  # (n, P) left padding
+    prompt_ids = (torch.randint(3, vocab, (n, p), generator=gen) * prompt_mask).repeat_interleave(k, 0)
+    prompt_mask = prompt_mask.repeat_interleave(k, 0)
+    completion_mask = (torch.arange(c)[None] < torch.randint(1, c + 1, (n * k, 1), generator=gen)).long()
+    completion_ids = torch.randint(3, vocab, (n * k, c), generator=gen) * completion_mask
+    weights_lp, weights_h = torch.randn(n * k, c, generator=gen), torch.randn(n * k, c, generator=gen)
+    rows = slice(2, 11)  # a micro-batch that cuts the first and last groups
+
+    def run(forward):
+        model.zero_grad(set_to_none=True)
+        logps, entropy = forward()
+        mask = completion_mask[rows]
+        ((logps * weights_lp[rows] + entropy * weights_h[rows]) * mask).sum().backward()
+        grads = {name: param.grad.clone() for name, param in model.named_parameters()}
+        return logps.detach() * mask, entropy.detach() * mask, grads
+
+    want = run(lambda: completion_logprobs(
+        model, torch.cat([prompt_ids, completion_ids], 1)[rows], torch.cat([prompt_mask, completion_mask], 1)[rows],
+        c, 0.7, with_entropy=True, entropy_grad=True))
+    got = run(lambda: shared_prompt_logprobs(model, prompt_ids[rows], prompt_mask[rows], completion_ids[rows],
+                                             completion_mask[rows], 0.7, with_entropy=True, entropy_grad=True))
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_trainer_micro_batch_loss_is_the_same_with_the_shared_prefix_forward(tmp_path, make_model, tokenizer,
+                                                                             monkeypatch):
+    from datasets import Dataset
+
+    from conftest import digit_fraction
+    from rloo import RLOOConfig, RLOOTrainer
+
+    rows = [{"prompt": "1+1="}, {"prompt": "12+34+5="}, {"prompt": "7="}]  # left-padded to the longest
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=6, gradient_accumulation_steps=2,
+                      num_generations=4, max_completion_length=6, beta=0.1,
+                      kl_penalty="loss", entropy_coef=0.01, temperature=0.8, max_steps=1, save_steps=0, seed=0,
+                      shared_prefix_forward=True)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=Dataset.from_list(rows),
+                          processing_class=tokenizer)
+    rollout, _ = trainer.collect(rows)
+    trainer.model.train()
+    micro = rollout.micro_batch(2, 7)  # rows 2-8: the end of group 0, group 1, the start of group 2
+
+    def loss_and_grads(shared: bool):
+        trainer.learner.args.shared_prefix_forward = shared
+        trainer.model.zero_grad(set_to_none=True)
+        numerators, _ = trainer.learner.micro_batch_loss(micro)
+        numerators.sum().backward()
+        return numerators.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+    calls = []
+    monkeypatch.setattr(update_module, "shared_prompt_logprobs",
+                        lambda *a, **k: calls.append(1) or shared_prompt_logprobs(*a, **k))
+    want = loss_and_grads(False)
+    assert calls == []
+    got = loss_and_grads(True)
+    assert calls == [1]
+    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-5)
+    assert got[1].keys() == want[1].keys() and want[1]
+    for name in want[1]:
+        torch.testing.assert_close(got[1][name], want[1][name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_trainer_refuses_the_shared_prefix_forward_on_a_sliding_window_model(tmp_path, tokenizer):
+    from datasets import Dataset
+
+    from conftest import digit_fraction
+    from rloo import RLOOConfig, RLOOTrainer
+
+    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+                                      use_sliding_window=True, sliding_window=4, max_window_layers=0,
+                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=4, beta=0.0, max_steps=1, save_steps=0, shared_prefix_forward=True)
+    with pytest.raises(ValueError, match="shared_prefix_forward needs a decoder whose KV cache is plain full attention"):
+        RLOOTrainer(transformers.Qwen2ForCausalLM(config), digit_fraction, args=args,
+                    train_dataset=Dataset.from_list([{"prompt": "1+1="}]), processing_class=tokenizer)
+
+
+def test_logits_path_when_the_head_is_out_of_reach(make_model, monkeypatch):
+    model = make_model(seed=4)
+    gen = torch.Generator().manual_seed(1)
+    prompt_ids = torch.randint(3, model.config.vocab_size, (2, 5), generator=gen).repeat_interleave(3, 0)
+    completion_ids = torch.randint(3, model.config.vocab_size, (6, 4), generator=gen)
+    masks = torch.ones_like(prompt_ids), torch.ones_like(completion_ids)
+    want, want_entropy = completion_logprobs(model, torch.cat([prompt_ids, completion_ids], 1), torch.cat(masks, 1), 4,
+                                             1.3, with_entropy=True)
+    monkeypatch.setattr(prefix_logprobs, "reachable_head", lambda model: None)
+    got, entropy = shared_prompt_logprobs(model, prompt_ids, masks[0], completion_ids, masks[1], 1.3, with_entropy=True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prefix_forward_refuses_gradient_checkpointing(make_model):
+    from rloo import RLOOConfig
+    from rloo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="shared_prefix_forward and gradient_checkpointing cannot both be on"):
+        RLOOConfig(shared_prefix_forward=True, gradient_checkpointing=True)
+    model = make_model()
+    model.gradient_checkpointing_enable()
+    with pytest.raises(ValueError, match="transformers turns off under gradient checkpointing"):
+        prefix_logprobs.check_shared_prompt_model(model)

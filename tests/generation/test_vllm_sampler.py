@@ -1,0 +1,191 @@
+"""The vLLM sampler against fake engines that record what is called (vLLM does not install here).
+
+The fakes stand in for `vllm` (LLM, SamplingParams) and TRL's `VLLMClient` at the import level,
+so the sampler's real code paths run: sampling parameters, result parsing, weight pushes (LoRA
+merged), sleep/wake order, and the engine's log-probs reaching the trainer.
+"""
+
+import importlib.machinery
+import os
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import digit_fraction
+from rloo import RLOOConfig, RLOOTrainer
+from rloo.config_checks import ConfigError
+from rloo.generation.vllm import (
+    VLLMSampler,
+    check_vllm_version,
+    engine_options,
+    policy_weights,
+)
+
+
+def length_reward(completions, **kwargs):
+    """Longer is better: the fake engine's completions differ in length, so advantages are not zero."""
+    return [float(len(c)) for c in completions]
+
+
+class FakeLLM:
+    """Records calls; completion k of every prompt is `k + 1` copies of the token '1', then EOS
+    (for k < 2), each token with log-prob -0.5 - 0.1 * k."""
+
+    instances: list = []
+
+    def __init__(self, eos_id, one_id, **kwargs):
+        self.kwargs, self.calls, self.loaded = kwargs, [], []
+        self.eos_id, self.one_id = eos_id, one_id
+        model = SimpleNamespace(load_weights=self._load)
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
+            driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model))))
+        FakeLLM.instances.append(self)
+
+    def _load(self, weights):
+        self.calls.append("load_weights")
+        self.loaded.append({name: tensor.clone() for name, tensor in weights})
+
+    def generate(self, prompts, sampling_params, use_tqdm):
+        self.calls.append(("generate", len(prompts), sampling_params.kwargs))
+        outputs = []
+        for _ in prompts:
+            completions = []
+            for k in range(sampling_params.kwargs["n"]):
+                ids = [self.one_id] * (k + 1) + ([self.eos_id] if k < 2 else [])
+                logprobs = [{t: SimpleNamespace(logprob=-0.5 - 0.1 * k)} for t in ids]
+                completions.append(SimpleNamespace(token_ids=ids, logprobs=logprobs))
+            outputs.append(SimpleNamespace(outputs=completions))
+        return outputs
+
+    def sleep(self, level):
+        self.calls.append("sleep")
+
+    def wake_up(self):
+        self.calls.append("wake_up")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch, tokenizer):
+    FakeLLM.instances.clear()
+    module = types.ModuleType("vllm")
+    module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    module.__version__ = "0.32.0"
+    one_id = tokenizer("1", add_special_tokens=False)["input_ids"][0]
+    module.LLM = lambda **kwargs: FakeLLM(tokenizer.eos_token_id, one_id, **kwargs)
+    module.SamplingParams = lambda **kwargs: SimpleNamespace(kwargs=kwargs)
+    platforms = types.ModuleType("vllm.platforms")  # the fake stands in for a GPU engine
+    platforms.current_platform = SimpleNamespace(is_cpu=lambda: False)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # the engine sets them
+        monkeypatch.delenv(name, raising=False)
+    return FakeLLM.instances
+
+
+def _args(tmp_path, **overrides):
+    return RLOOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, beta=0.0,
+                      max_completion_length=6, max_steps=2, save_steps=0, logging_steps=1, sampler="vllm",
+                      learning_rate=1e-2, **overrides)
+
+
+def test_colocated_engine_sampling_params_parsing_and_logprobs(tmp_path, fake_vllm, make_model, tokenizer, digit_dataset):
+    args = _args(tmp_path, vllm_gpu_memory_utilization=0.5, vllm_tensor_parallel_size=1, temperature=0.7, top_k=5)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    assert isinstance(trainer.sampler, VLLMSampler)
+    rollout, samples = trainer.collect([digit_dataset[i] for i in range(2)])
+    llm = fake_vllm[0]
+    assert llm.kwargs["gpu_memory_utilization"] == 0.5 and llm.kwargs["tensor_parallel_size"] == 1
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and "max_model_len" not in llm.kwargs
+    assert llm.kwargs["dtype"] == torch.float32  # the policy's
+    assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"  # a plain `python` run is a world of one
+    _, num_prompts, params = llm.calls[-1]
+    assert num_prompts == 2
+    assert params == dict(n=4, logprobs=0, temperature=0.7, top_p=1.0, top_k=5, min_p=0.0, max_tokens=6,
+                          stop_token_ids=[tokenizer.eos_token_id])
+    assert samples.completions[:4] == ["1", "11", "111", "1111"]
+    assert rollout.has_eos.tolist() == [True, True, False, False] * 2  # EOS only where the engine gave one
+    assert rollout.completion_mask.sum(1).tolist() == [2, 3, 3, 4] * 2
+    # The engine's log-probs reached the rollout: the mismatch metric sees them.
+    assert rollout.mismatch is not None and rollout.is_weights is not None
+
+
+def test_weights_pushed_before_each_generation_after_a_step_with_sleep_between(tmp_path, fake_vllm, make_model,
+                                                                                tokenizer, digit_dataset):
+    args = _args(tmp_path, vllm_enable_sleep_mode=True)
+    trainer = RLOOTrainer(make_model(), length_reward, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters(remove_duplicate=False)}
+    metrics = trainer.train()
+    llm = fake_vllm[0]
+    calls = [c if isinstance(c, str) else c[0] for c in llm.calls]
+    assert calls == ["wake_up", "load_weights", "reset_prefix_cache", "generate", "sleep"] * 2
+    first, second = llm.loaded
+    assert set(first) == {n for n, _ in trainer.model.named_parameters(remove_duplicate=False)}
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(first[name], before[name])  # the initial policy
+    changed = [name for name in first if not torch.equal(first[name], second[name])]
+    assert changed  # the second push carries the weights after step 1
+    assert "sampler/mean_abs_log_ratio" in metrics
+
+
+def test_lora_is_merged_for_the_push_and_unmerged_after(make_model):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(make_model(), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], init_lora_weights=False))
+    base_names = {n for n, _ in make_model().named_parameters(remove_duplicate=False)}
+    engine = SimpleNamespace(loaded=None, load_weights=lambda w: setattr(engine, "loaded", {n: t.clone() for n, t in w}))
+    sampler = VLLMSampler(0, [1], 4, engine=engine)
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    unmerged = q.base_layer.weight.detach().clone()
+    merged = unmerged + q.lora_B["default"].weight @ q.lora_A["default"].weight * q.scaling["default"]
+    sampler.push_weights(model)
+    assert set(engine.loaded) == base_names  # base model names, no adapter matrices
+    torch.testing.assert_close(engine.loaded["model.layers.0.self_attn.q_proj.weight"], merged)
+    torch.testing.assert_close(q.base_layer.weight, unmerged)  # unmerged again for training
+    assert list(policy_weights(make_model()))[0][0] == next(iter(make_model().state_dict()))
+
+
+def test_colocate_without_vllm_is_a_config_error(monkeypatch):
+    from rloo.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ConfigError, match="rloo\\[vllm\\]"):
+        RLOOConfig(sampler="vllm")
+
+
+def test_max_model_length_reaches_the_engine(tmp_path, fake_vllm, make_model, tokenizer, digit_dataset):
+    args = _args(tmp_path, vllm_max_model_length=128)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
+    trainer.collect([digit_dataset[0]])
+    assert fake_vllm[0].kwargs["max_model_len"] == 128
+
+
+@pytest.mark.parametrize("value", [0, -5, 1.5, "long"])
+def test_max_model_length_must_be_a_positive_integer(value):
+    with pytest.raises(ConfigError, match="vllm_max_model_length"):
+        RLOOConfig(vllm_max_model_length=value)
+
+
+@pytest.mark.parametrize("version,ok", [("0.32.0", True), ("0.32.4", True), ("0.31.1", False), ("0.33.0", False)])
+def test_untested_vllm_versions_are_refused_by_name(version, ok, monkeypatch):
+    monkeypatch.delenv("RLOO_ALLOW_UNTESTED_VLLM", raising=False)
+    if ok:
+        check_vllm_version(version)
+        return
+    with pytest.raises(ImportError, match=f"vLLM {version} is installed.*0.32.x.*RLOO_ALLOW_UNTESTED_VLLM=1"):
+        check_vllm_version(version)
+    monkeypatch.setenv("RLOO_ALLOW_UNTESTED_VLLM", "1")
+    check_vllm_version(version)
+
+
+def test_cpu_engine_refuses_sleep_mode_and_ignores_gpu_memory_with_a_warning():
+    with pytest.raises(ValueError, match="vllm_enable_sleep_mode=True needs vLLM on a GPU"):
+        engine_options(RLOOConfig(vllm_enable_sleep_mode=True), torch.float32, on_cpu=True)
+    with pytest.warns(UserWarning, match="vllm_gpu_memory_utilization=0.5 is ignored.*VLLM_CPU_KVCACHE_SPACE"):
+        options = engine_options(RLOOConfig(vllm_gpu_memory_utilization=0.5), torch.bfloat16, on_cpu=True)
+    assert "gpu_memory_utilization" not in options and options["dtype"] == torch.bfloat16

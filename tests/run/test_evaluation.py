@@ -1,0 +1,127 @@
+"""Eval: pass@k against hand values, the eval metrics of a known batch, and eval during training."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import digit_fraction
+from rloo import ConfigError, RLOOConfig, RLOOTrainer
+from rloo.run.evaluation import eval_metrics, pass_at_k, pass_at_k_values
+
+
+@pytest.mark.parametrize("n,c,k,expected", [
+    (4, 1, 1, 1 / 4),
+    (4, 1, 2, 1 - 3 / 6),  # 1 - C(3,2)/C(4,2)
+    (4, 2, 2, 1 - 1 / 6),  # 1 - C(2,2)/C(4,2)
+    (4, 0, 3, 0.0),
+    (3, 2, 2, 1.0),  # n - c < k: every draw of 2 holds a correct one
+    (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+    (5, 5, 5, 1.0),
+])
+def test_pass_at_k_hand_values(n, c, k, expected):
+    assert pass_at_k(n, torch.tensor([c]), k).item() == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_1_is_the_fraction_correct_and_k_must_fit_n():
+    correct = torch.tensor([0, 1, 2, 3, 7, 8])
+    torch.testing.assert_close(pass_at_k(8, correct, 1), correct.double() / 8)
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(4, correct, 5)
+    assert pass_at_k_values(8) == [1, 2, 4, 8] and pass_at_k_values(6) == [1, 2, 4, 6] and pass_at_k_values(1) == [1]
+
+
+def test_eval_metrics_of_a_hand_batch():
+    # 2 prompts x 4 samples; one 0/1 function and one graded function (NaN: did not apply).
+    correct = torch.tensor([[1.0, 0, 0, 0], [1, 1, 0, float("nan")]])
+    graded = torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.2, 0.4, 0.6, 0.8]])
+    scores = torch.nan_to_num(correct) + graded
+    lengths = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    truncated = torch.tensor([[False, False, False, True], [False, False, True, True]])
+    m = eval_metrics(scores, torch.stack([correct, graded], dim=-1), ["acc", "graded"], lengths, truncated)
+    assert m["eval/reward"] == pytest.approx(scores.mean().item())
+    assert m["eval/completions/mean_length"] == 4.5 and m["eval/completions/min_length"] == 1
+    assert m["eval/completions/max_length"] == 8 and m["eval/completions/clipped_ratio"] == 3 / 8
+    assert m["eval/rewards/acc/mean"] == pytest.approx(3 / 7)
+    assert m["eval/rewards/acc/pass@1"] == pytest.approx((1 / 4 + 2 / 4) / 2)
+    assert m["eval/rewards/acc/pass@2"] == pytest.approx(((1 - 3 / 6) + (1 - 1 / 6)) / 2)
+    assert m["eval/rewards/acc/pass@4"] == pytest.approx(1.0)
+    assert not any(key.startswith("eval/rewards/graded/pass") for key in m)  # not correct/incorrect
+    assert "eval/pass@1" not in m  # the weighted sum is not 0/1 either
+    assert m["eval/reward_std"] == pytest.approx(scores.std(dim=1).mean().item())
+
+
+def test_num_generations_eval_is_validated_naming_the_field():
+    with pytest.raises(ConfigError, match="num_generations_eval"):
+        RLOOConfig(num_generations_eval=0)
+
+
+def exact_digit(completions, **kwargs):
+    """1 when the completion starts with a digit: a correct/incorrect reward."""
+    return [float(c[:1].isdigit()) for c in completions]
+
+
+def test_eval_every_eval_steps_is_logged_once_per_step_with_pass_at_k(tmp_path, make_model, tokenizer, digit_dataset):
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=2,
+                      num_generations_eval=4, max_completion_length=4, max_steps=4, logging_steps=1, save_steps=0,
+                      eval_steps=2, seed=0)
+    trainer = RLOOTrainer(make_model(), [exact_digit, digit_fraction], args=args, train_dataset=digit_dataset,
+                          eval_dataset=digit_dataset.select(range(6)), processing_class=tokenizer)
+    final = trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [line for line in lines if "eval/reward" in line]
+    assert [line["step"] for line in evals] == [2, 4]  # the last step's eval is not repeated after the loop
+    for name in ("eval/reward", "eval/reward_std", "eval/completions/mean_length", "eval/completions/clipped_ratio",
+                 "eval/rewards/exact_digit/mean", "eval/rewards/exact_digit/pass@1", "eval/rewards/exact_digit/pass@2",
+                 "eval/rewards/exact_digit/pass@4", "eval/rewards/digit_fraction/mean"):
+        assert name in evals[-1] and math.isfinite(evals[-1][name]), name
+    assert "eval/rewards/exact_digit/pass@8" not in evals[-1]
+    assert evals[-1]["eval/rewards/exact_digit/pass@1"] <= evals[-1]["eval/rewards/exact_digit/pass@4"]
+    assert final["eval/reward"] == evals[-1]["eval/reward"]
+
+
+def test_rloo_eval_cli_on_a_saved_model(tmp_path, make_model, tokenizer, capsys):
+    import textwrap
+
+    from rloo.cli import main
+
+    model_dir = tmp_path / "model"
+    make_model().save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) for a in range(6)))
+    (tmp_path / "run.yaml").write_text(textwrap.dedent(f"""\
+        dataset_name: {data}
+        reward_funcs: [exact_match]
+        output_dir: {tmp_path / "out"}
+        per_device_train_batch_size: 8
+        num_generations: 2
+        num_generations_eval: 4
+        max_completion_length: 3
+        """))
+    main(["eval", "--model", str(model_dir), "--config", str(tmp_path / "run.yaml")])
+    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert results["model"] == str(model_dir) and results["split"] == "train"
+    for name in ("eval/reward", "eval/rewards/exact_match/pass@1", "eval/rewards/exact_match/pass@4",
+                 "eval/completions/clipped_ratio"):
+        assert 0.0 <= results[name] <= 3.0, name
+    assert "eval/rewards/exact_match/pass@4" in capsys.readouterr().out
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # nothing trained, nothing logged as training
+
+
+def test_eval_gives_reward_functions_trls_log_extra_and_log_metric(tmp_path, make_model, tokenizer, digit_dataset):
+    calls = []
+
+    def logging_reward(completions, log_extra, log_metric, **kwargs):
+        log_extra("chars", [len(c) for c in completions])
+        log_metric("calls", 1.0)
+        calls.append(len(completions))
+        return [1.0] * len(completions)
+
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=4, max_steps=1, save_steps=0, seed=0)
+    trainer = RLOOTrainer(make_model(), logging_reward, args=args, train_dataset=digit_dataset,
+                          eval_dataset=digit_dataset.select(range(2)), processing_class=tokenizer)
+    assert trainer.evaluate()["eval/reward"] == 1.0
+    assert calls == [8]  # 2 eval prompts x K=4, scored together

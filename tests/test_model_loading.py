@@ -1,0 +1,124 @@
+"""Models given by name load with model_init_kwargs; QLoRA plumbing; bf16 auto; checkpointing with LoRA."""
+
+import pytest
+import torch
+import transformers
+
+from rloo import RLOOConfig, builders, model_loading
+from rloo.algo.logprobs import completion_logprobs
+from rloo.rewards.scoring import build_reward_functions
+
+
+def config(**overrides):
+    return RLOOConfig(output_dir="unused", per_device_train_batch_size=4, num_generations=2, **overrides)
+
+
+@pytest.fixture
+def saved_model(make_model, tokenizer, tmp_path):
+    def save(dtype=torch.float32):
+        path = tmp_path / str(dtype)
+        make_model().to(dtype).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        return str(path)
+
+    return save
+
+
+def test_policy_loads_in_the_requested_dtype(saved_model):
+    path = saved_model(torch.float32)
+    assert next(builders.load_policy(path, None, config()).parameters()).dtype == torch.float32
+    policy = builders.load_policy(path, None, config(model_init_kwargs={"dtype": "bfloat16"}))
+    assert next(policy.parameters()).dtype == torch.bfloat16
+    # "auto" (the default) keeps the checkpoint's dtype instead of model_loading it as fp32.
+    assert next(builders.load_policy(saved_model(torch.bfloat16), None, config()).parameters()).dtype == torch.bfloat16
+
+
+def test_init_kwargs_reach_from_pretrained(monkeypatch, make_model):
+    seen = {}
+
+    def fake_from_pretrained(name, **kwargs):
+        seen.update(kwargs, name=name)
+        return make_model()
+
+    monkeypatch.setattr(builders.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
+    builders.load_policy("org/model", None, config(model_init_kwargs={"attn_implementation": "sdpa", "revision": "v2"}))
+    assert seen == {"name": "org/model", "dtype": "auto", "trust_remote_code": False, "attn_implementation": "sdpa",
+                    "revision": "v2"}
+
+
+def test_bad_dtype_is_refused():
+    with pytest.raises(ValueError, match="model_init_kwargs\\['dtype'\\]"):
+        config(model_init_kwargs={"dtype": "bf16"})
+
+
+def test_quantized_policy_is_prepared_for_qlora(monkeypatch, make_model):
+    """bitsandbytes needs a GPU: the quantized load is faked, the plumbing around it is real."""
+    import peft
+
+    seen, prepared = {}, []
+
+    def fake_from_pretrained(name, **kwargs):
+        seen.update(kwargs)
+        model = make_model()
+        model.is_quantized = True
+        return model
+
+    monkeypatch.setattr(builders.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
+    monkeypatch.setattr(peft, "prepare_model_for_kbit_training", lambda model, **kw: prepared.append(kw) or model)
+    args = config(model_init_kwargs={"quantization_config": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}},
+                  gradient_checkpointing=True)
+    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    policy = builders.load_policy("org/model", lora, args)
+    assert isinstance(seen["quantization_config"], transformers.BitsAndBytesConfig)
+    assert seen["quantization_config"].load_in_4bit
+    assert prepared == [{"use_gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}]
+    assert builders.is_peft_model(policy)
+    with pytest.raises(ValueError, match="peft_config"):
+        builders.load_policy("org/model", None, args)
+
+
+def test_reward_model_by_name_loads_with_init_kwargs(tmp_path, tokenizer):
+    model = transformers.Qwen2ForSequenceClassification(transformers.Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=64, num_labels=1, pad_token_id=tokenizer.pad_token_id))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    kwargs = model_loading.model_init_kwargs(config(model_init_kwargs={"dtype": "bfloat16"}))
+    [reward] = build_reward_functions([str(tmp_path)], tokenizer, "cpu", kwargs)
+    reward_model = reward.func if hasattr(reward, "func") else reward
+    dtypes = {p.dtype for m in [reward_model] for p in getattr(m, "model", m).parameters()}
+    assert dtypes == {torch.bfloat16}
+
+
+def test_bf16_is_auto_on_cuda_with_bf16_only(monkeypatch):
+    args = config()
+    assert args.bf16 is None and builders.use_bf16(args) is False  # this machine: CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert builders.use_bf16(args) is True and args.bf16 is None  # resolved, never written back
+    assert builders.use_bf16(config(bf16=False)) is False
+    assert builders.use_bf16(config(fp16=True)) is False
+
+
+def test_gradient_checkpointing_with_lora_and_tiled_head(make_model):
+    from peft import LoraConfig
+
+    gen = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, 20, (2, 8), generator=gen)
+    mask = torch.ones_like(input_ids)
+    grads = []
+    for checkpointing in (False, True):
+        args = config(gradient_checkpointing=checkpointing)
+        policy = builders.load_policy(make_model(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                             init_lora_weights=False), args).train()
+        torch.manual_seed(1)  # the same LoRA init in both runs
+        for name, param in policy.named_parameters():
+            if "lora" in name:
+                torch.nn.init.normal_(param, std=0.1)
+        assert policy.is_gradient_checkpointing == checkpointing
+        logps, _ = completion_logprobs(policy, input_ids, mask, 4, temperature=0.9)
+        logps.sum().backward()
+        grads.append({n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5)
