@@ -20,7 +20,7 @@ DEFAULT_INIT_KWARGS = {"dtype": "auto", "trust_remote_code": False}
 
 def model_init_kwargs(args: RLOOConfig) -> dict[str, Any]:
     """`from_pretrained` keyword arguments from the config, over rloo's defaults; dtype names become
-    torch dtypes and TRL's spellings are read (`trl_compat.model_init_kwargs`), a quantization_config
+    torch dtypes and TRL's spellings are read (`compat.config_fields.model_init_kwargs`), a quantization_config
     dict becomes a BitsAndBytesConfig."""
     from rloo.compat.config_fields import model_init_kwargs as trl_kwargs
 

@@ -7,7 +7,7 @@
 
 The YAML's `env:` mapping is set in os.environ before anything is parsed. rloo's RLOOConfig gets the
 flags of `rloo train` (cli.py): its own fields, the TRL v0 aliases and TRL's other field names, which
-RLOOConfig maps, accepts or refuses by name (trl_compat.py). Only the flags that were given (or set
+RLOOConfig maps, accepts or refuses by name (compat/config_fields.py). Only the flags that were given (or set
 by the YAML) reach RLOOConfig, so its defaults and checks are the ones that apply. Other dataclasses
 are read by transformers' HfArgumentParser as usual.
 """

@@ -3,7 +3,7 @@ that are not already rloo's, for `rloo train`.
 
 Each is honoured (mapped onto what rloo does with the same meaning) or refused with the flag to use
 instead. TRL's RLOOConfig fields are flags too; they go through the config's own mapping
-(`trl_compat`). docs/trl_migration.md has the table.
+(`compat/config_fields.py`). docs/trl_migration.md has the table.
 """
 
 from __future__ import annotations
