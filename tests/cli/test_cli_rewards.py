@@ -43,7 +43,9 @@ def test_cli_trains_with_a_builtin_and_a_reward_model(tmp_path, make_model, toke
     import os
     import subprocess
     import sys
+    from pathlib import Path
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewards"))
     from test_reward_models import _classifier
 
     for directory, model in [(tmp_path / "policy", make_model()), (tmp_path / "rm", _classifier(tokenizer))]:
