@@ -446,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _run_vllm_serve(argv: Sequence[str]) -> None:
-    from .generation.vllm_server import main as serve_main
+    from rloo.generation.vllm_server import main as serve_main
 
     serve_main(argv)
 
