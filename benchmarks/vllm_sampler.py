@@ -54,6 +54,7 @@ def run_one(kind: str, opts: argparse.Namespace) -> dict:
         sampler = FastSampler(**common)
     else:
         args = RLOOConfig(sampler="vllm", output_dir="/tmp/rloo-bench-vllm", seed=0)
+        common["eos_token_ids"] = []  # vLLM refuses an out-of-vocabulary stop id
         sampler = VLLMSampler(**common, generation_kwargs={"ignore_eos": True}, args=args)
     base = rss_mb()
     start = time.perf_counter()
