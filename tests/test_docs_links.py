@@ -117,3 +117,57 @@ def test_docs_index_lists_every_page():
     pages = {p.resolve() for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
     missing = sorted(p.name for p in pages - listed)
     assert missing == [], f"add a line for each of these pages to docs/README.md: {missing}"
+
+
+# Pages whose code paths are checked too: a backticked path under one of ROOTS_CHECKED, or a dotted
+# rloo.module[.name], must exist in the tree.
+PATH_CHECKED_PAGES = [ROOT / "README.md", ROOT / "docs" / "README.md", ROOT / "docs" / "benchmarks.md"]
+ROOTS_CHECKED = ("src/", "tests/", "benchmarks/", "examples/", "docs/", "recipes/", "rloo/")
+CODE_SPAN = re.compile(r"`([^`\s]+)`")
+
+
+def stale_code_paths(page: Path) -> list[str]:
+    """Backticked file paths and `rloo.x.y` names in `page` that name nothing in the tree."""
+    stale = []
+    for line in prose_lines(page.read_text(encoding="utf-8")):
+        for span in CODE_SPAN.findall(line):
+            span = span.split("::")[0].rstrip(".,:;")  # a test's node id names its file
+            if span.startswith(ROOTS_CHECKED) and not set("*{") & set(span):
+                path = ROOT / "src" / span if span.startswith("rloo/") else ROOT / span
+                if not path.exists():
+                    stale.append(span)
+            elif re.fullmatch(r"rloo(\.\w+)+", span) and not dotted_name_exists(span):
+                stale.append(span)
+    return stale
+
+
+def dotted_name_exists(name: str) -> bool:
+    """rloo.a.b[.attr]: the packages and module exist, and a trailing attribute appears in its source."""
+    path, parts = ROOT / "src" / "rloo", name.split(".")[1:]
+    for index, part in enumerate(parts):
+        if (path / part).is_dir():
+            path = path / part
+            continue
+        if (path / f"{part}.py").exists():
+            path = path / f"{part}.py"
+            rest = parts[index + 1:]
+        else:
+            rest = parts[index:]
+            path = path / "__init__.py"
+        return len(rest) <= 1 and all(re.search(rf"\b{attr}\b", path.read_text(encoding="utf-8")) for attr in rest)
+    return True
+
+
+def test_a_stale_code_path_is_found():
+    text = "`src/rloo/no_such.py` `rloo.algo.loss` `rloo.algo.no_such` `rloo.toy.build_char_tokenizer` `tests/e2e/`"
+    page = ROOT / "tests" / "e2e" / "_stale_path_probe.md"
+    try:
+        page.write_text(text, encoding="utf-8")
+        assert stale_code_paths(page) == ["src/rloo/no_such.py", "rloo.algo.no_such"]
+    finally:
+        page.unlink()
+
+
+@pytest.mark.parametrize("page", PATH_CHECKED_PAGES, ids=[str(p.relative_to(ROOT)) for p in PATH_CHECKED_PAGES])
+def test_code_paths_in_these_pages_exist(page):
+    assert stale_code_paths(page) == []
