@@ -9,7 +9,7 @@ from rloo import ConfigError, RLOOConfig
 from rloo.config import field_docs
 
 
-def test_seed_000_batch_config_is_one_prompt_per_step():
+def test_batch_config_is_one_prompt_per_step():
     config = RLOOConfig(per_device_train_batch_size=1, gradient_accumulation_steps=4, num_generations=4)
     assert config.completions_per_step == 4
     assert config.prompts_per_step == 1

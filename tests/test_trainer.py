@@ -67,7 +67,7 @@ def test_gradient_accumulation_matches_one_large_batch(tmp_path, make_model, tok
         torch.testing.assert_close(p_small.grad, p_large.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_seed_000_config_with_reward_model_keyword_and_narrow_signature(tmp_path, make_model, tokenizer, digit_dataset):
+def test_config_with_reward_model_keyword_and_narrow_signature(tmp_path, make_model, tokenizer, digit_dataset):
     seen = {}
 
     def length_reward(completions, prompts=None):  # seed 000's shape: no **kwargs

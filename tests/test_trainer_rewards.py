@@ -41,7 +41,7 @@ def _config(tmp_path, **overrides):
 DATASET = Dataset.from_list([{"prompt": "2+2=", "answer": "4"}, {"prompt": "3+3=", "answer": "6"}])
 
 
-def test_seed_000_thinking_reward_through_the_trainer(tmp_path, make_model, tokenizer):
+def test_thinking_reward_through_the_trainer(tmp_path, make_model, tokenizer):
     reward = thinking_answer_reward(tokenizer)  # finds </think> by the tokenizer's id, as seed 000 did with 151668
     trainer = RLOOTrainer(make_model(), [reward, exact_match], args=_config(tmp_path), train_dataset=DATASET,
                           processing_class=tokenizer,

@@ -274,11 +274,11 @@ class RLOOConfig:
     """With an eval_dataset, score sampled completions of its prompts every this many optimizer
     steps (eval/reward); 0 evaluates only at the end of training."""
 
-    # --- eval (issue 12, item 6) ---
+    # --- eval ---
     num_generations_eval: int | None = None
     """Completions sampled per eval prompt (TRL's name), the n of eval/pass@k; None uses num_generations."""
 
-    # --- scale-out: launching, generation engines, sampler/trainer mismatch (issue 13) ---
+    # --- scale-out: launching, generation engines, sampler/trainer mismatch ---
     # TRL's option names. See docs/launching.md for the launch lines and what is verified where.
     use_cpu: bool = False
     """Run on CPU even where a GPU exists, and let a multi-process launch (torchrun, accelerate's
@@ -358,7 +358,7 @@ class RLOOConfig:
     async_rollout_timeout: float = 600.0
     """With async_rollouts: seconds the learner waits for the sampler thread's rollout before raising."""
 
-    # --- robustness (issue 11): output directory reuse and non-finite steps ---
+    # --- robustness: output directory reuse and non-finite steps ---
     overwrite_output_dir: bool = False
     """Let a fresh run delete the checkpoints, metrics.jsonl and completions.jsonl an earlier run left in
     output_dir. Without it such a directory is refused unless the run resumes (TRL's name)."""

@@ -16,7 +16,7 @@ from accelerate import Accelerator
 
 from rloo.algo.advantages import compute_advantages, whiten
 from rloo.algo.importance import mismatch_sums
-from rloo.algo.kl import kl_penalized_reward, token_kl, token_kl_advantages
+from rloo.algo.kl import kl_penalized_reward, kl_placement, token_kl, token_kl_advantages
 from rloo.algo.logprobs import completion_logprobs, position_ids_from_mask
 from rloo.algo.off_policy import kept_log_mass, sampler_correction_weights
 from rloo.algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
@@ -161,7 +161,8 @@ class RolloutCollector:
         from_engine = sampled.logprobs is not None and not sampled.logprobs_from_policy
         old_logps, ref_logps, token_kls = self.kl_terms(sampled, from_engine)
         seq_kl = token_kls.sum(dim=1)  # (B,) measured in every mode, penalised in two
-        rewards = scores if args.kl_penalty == "loss" else kl_penalized_reward(scores, seq_kl, args.beta)  # (B,)
+        kl_at = kl_placement(args.kl_penalty, args.beta)
+        rewards = kl_penalized_reward(scores, seq_kl, args.beta) if kl_at.in_reward else scores  # (B,)
 
         # 4. Advantages within each group of K (unscored completions sit out), optionally whitened.
         # Whitening (reinforce_pp, normalize_advantages) uses the global batch's mean and std.
@@ -170,7 +171,7 @@ class RolloutCollector:
         if args.normalize_advantages:
             advantages = whiten(advantages, valid, gather=gather)
         token_advantages = None
-        if args.kl_penalty == "token" and args.beta > 0:  # each token's return counts only the KL after it
+        if kl_at.token_advantages:  # each token's return counts only the KL after it
             token_advantages = token_kl_advantages(advantages, token_kls, sampled.completion_mask, args.beta)  # (B, C)
 
         rollout = Rollout(
@@ -179,7 +180,7 @@ class RolloutCollector:
             completion_ids=sampled.completion_ids,
             completion_mask=sampled.completion_mask,
             old_logps=old_logps if args.steps_per_rollout > 1 or self.keep_old_logps else None,
-            ref_logps=ref_logps if args.kl_penalty == "loss" else None,
+            ref_logps=ref_logps if kl_at.keeps_ref_logps else None,
             raw_scores=raw_scores,
             scores=scores,
             reward_columns=scored.per_function.to(scores.device),

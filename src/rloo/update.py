@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 from accelerate import Accelerator
 
-from rloo.algo.kl import token_kl
+from rloo.algo.kl import kl_placement, token_kl
 from rloo.algo.logprobs import completion_logprobs
 from rloo.algo.loss import PolicyLossOutput, clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
 from rloo.algo.off_policy import off_policy_sequence_mask
@@ -129,7 +129,7 @@ class Learner:
         summed = acc.reduce(torch.tensor([totals[n] for n in names], dtype=torch.float32, device=acc.device), "sum")
         totals = dict(zip(names, summed.tolist()))
         metrics = step_metrics(totals, float(denominator) * acc.num_processes,
-                               with_kl_loss=args.kl_penalty == "loss" and args.beta > 0,
+                               with_kl_loss=kl_placement(args.kl_penalty, args.beta).in_loss,
                                with_off_policy_mask=args.off_policy_mask_threshold is not None)
         if self.aux_loss_coef:  # mean router loss over the step's micro-batches, on every process
             metrics["aux_loss"] = totals["aux_loss"] / (args.gradient_accumulation_steps * acc.num_processes)
@@ -164,7 +164,7 @@ class Learner:
 
         extra = torch.zeros_like(logps)  # (b, C) per-token terms aggregated like the policy loss
         kl_sum = 0.0
-        if args.kl_penalty == "loss" and args.beta > 0:
+        if kl_placement(args.kl_penalty, args.beta).in_loss:
             kl = token_kl(logps, micro.ref_logps, args.kl_estimator)  # (b, C), with grad
             extra = extra + args.beta * kl
             kl_sum = (kl.detach() * mask).sum().item()

@@ -12,7 +12,7 @@ from rloo.algo.loss import clipped_sequence_loss
 from rloo.generation import completion_mask_from_eos, left_pad
 
 
-def test_seed_002_vectorized_advantage_example():
+def test_vectorized_advantage_example():
     # Seed 002 lays rewards out as (K=4, 3 prompts); our function takes (prompts, K).
     rlhf_reward = torch.tensor([1, 2, 3, 2, 3, 4, 5, 6, 7, 8, 9, 10], dtype=torch.float32)
     grouped = rlhf_reward.reshape(4, 3).T  # (3, 4)

@@ -1,4 +1,4 @@
-"""The code sandbox against hostile completions: each probe from issue 11 scores 0 and touches nothing outside.
+"""The code sandbox against hostile completions: each hostile probe scores 0 and touches nothing outside.
 
 Every probe is bounded (no unbounded loops or forks) and connects only to 127.0.0.1.
 """

@@ -17,10 +17,31 @@ Where the KL goes is `kl_penalty`:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_PENALTIES = ("sequence", "token", "loss")
+
+
+@dataclass(frozen=True)
+class KLPlacement:
+    """Where the KL to the reference acts in a run: the one place `kl_penalty` is read."""
+
+    in_reward: bool  # r = score - beta * seq_kl before the baseline ("sequence", "token")
+    token_advantages: bool  # each token's advantage carries its KL reward-to-go ("token", beta > 0)
+    keeps_ref_logps: bool  # the rollout keeps pi_ref's log-probs for the loss ("loss")
+    in_loss: bool  # beta * kl_t, with grad, added to the per-token loss ("loss", beta > 0)
+
+
+def kl_placement(kl_penalty: str, beta: float) -> KLPlacement:
+    """Decide, from `kl_penalty` and `beta`, which of the loop's steps apply the KL penalty."""
+    if kl_penalty not in KL_PENALTIES:
+        raise ValueError(f"kl_penalty must be one of {KL_PENALTIES}, got {kl_penalty!r}")
+    in_loss_mode = kl_penalty == "loss"
+    return KLPlacement(in_reward=not in_loss_mode, token_advantages=kl_penalty == "token" and beta > 0,
+                       keeps_ref_logps=in_loss_mode, in_loss=in_loss_mode and beta > 0)
 
 
 def token_kl(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
