@@ -51,7 +51,7 @@ def test_version_and_top_level_help(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0
-    assert [line.split()[0] for line in out.splitlines() if line.startswith("  ")] == ["train", "eval", "report", "demo"]
+    assert [line.split()[0] for line in out.splitlines() if line.startswith("  ")] == ["train", "eval", "report", "demo", "vllm-serve"]
 
 
 def test_train_help_lists_trl_flags(capsys):
