@@ -83,8 +83,9 @@ def fake_vllm(monkeypatch, tokenizer):
     platforms.current_platform = SimpleNamespace(is_cpu=lambda: False)
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # the engine sets them
-        monkeypatch.delenv(name, raising=False)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # the engine sets them:
+        monkeypatch.setenv(name, "")  # recorded, so the teardown removes what the engine sets
+        monkeypatch.delenv(name)
     return FakeLLM.instances
 
 
