@@ -51,7 +51,8 @@ def test_version_and_top_level_help(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0
-    assert [line.split()[0] for line in out.splitlines() if line.startswith("  ")] == ["train", "eval", "report", "demo", "vllm-serve"]
+    commands = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
+    assert commands == ["train", "eval", "report", "demo", "vllm-serve"]
 
 
 def test_train_help_lists_trl_flags(capsys):
