@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import torchrun
+from rloo.config import RLOOConfig
 from rloo.generation.base import SampledBatch
 from rloo.rewards.scoring import ScoredBatch
 from rloo.run.evaluation import evaluate
@@ -103,6 +104,7 @@ class CountingCollector:
 
     def __init__(self, process_index: int, num_processes: int):
         self.accelerator = FakeProcess(process_index, num_processes)
+        self.args = RLOOConfig(output_dir="unused")  # evaluate() reads the loss settings for eval/loss
         self.model = torch.nn.Linear(1, 1)
         self.sampled: list[list[str]] = []
         self.scored: list[str] = []
