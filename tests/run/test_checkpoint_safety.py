@@ -100,8 +100,11 @@ def test_a_changed_learning_rate_on_resume_is_refused(tmp_path, make_model, toke
 def test_a_used_output_dir_is_refused_unless_resuming_or_overwriting(tmp_path, make_model, tokenizer, digit_dataset):
     run = tmp_path / "run"
     _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1)).train()
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    refused = _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1))  # the trainer cannot know yet
     with pytest.raises(ConfigError, match="holds another run's files.*overwrite_output_dir"):
-        _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1)).train()
+        refused.train()
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before  # nothing written
     again = _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1, overwrite_output_dir=True))
     again.train()
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
