@@ -115,9 +115,15 @@ def test_a_signal_while_the_model_loads_stops_cleanly(tmp_path, model_dir, data_
         raise AssertionError("the signal should have stopped the load")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", signalled_load)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["train", "--model_name_or_path", str(model_dir), "--dataset_name", str(data_file),
-              "--reward_funcs", "exact_match", "--output_dir", str(tmp_path / "out")])
+    # A shell starts background jobs with SIGINT ignored, and Python keeps that: give this test the
+    # interactive default (KeyboardInterrupt) whatever started pytest.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["train", "--model_name_or_path", str(model_dir), "--dataset_name", str(data_file),
+                  "--reward_funcs", "exact_match", "--output_dir", str(tmp_path / "out")])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     err = capsys.readouterr().err
     assert exit_info.value.code == status and "Traceback" not in err
     assert f"stopped by {signal.Signals(signum).name} before training began; nothing was saved" in err
