@@ -98,6 +98,7 @@ class RLOOTrainer:
         set_seed(args.seed)
         self.tokenizer = builders.load_tokenizer(processing_class, model, trust_remote_code=args.trust_remote_code)
         # An IterableDataset is read once, up to the rows max_steps needs.
+        trainer_api.settle_streamed_train_options(args, train_dataset)
         train_dataset = trainer_api.take_rows(train_dataset, "train_dataset", None if args.max_steps < 0 else
                                               -(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
                                               * acc.num_processes)
@@ -119,6 +120,7 @@ class RLOOTrainer:
         self.reference = None if reference is None else sharding.prepare_reference(acc, reference)
 
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self._logs = trainer_api.trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled by _log
         self.reward_functions, self.reward_weights = builders.build_rewards(
             args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names)
 
@@ -400,6 +402,8 @@ class RLOOTrainer:
             "episode": float(self.episode),
         })
         self.logger.log(metrics, self.global_step)
+        self._logs = trainer_api.trl_logs(samples.prompts, samples.completions, [fn.name for fn in self.reward_functions],
+                                          rollout.reward_columns, rollout.advantages.tolist(), samples.extra)
         if self.args.log_completions:
             rows = completion_rows(samples.prompts, samples.completions, [fn.name for fn in self.reward_functions],
                                    rollout.reward_columns, rollout.scores.tolist(), rollout.advantages.tolist(),
@@ -424,6 +428,27 @@ class RLOOTrainer:
             metrics.update({**figures, **{f"{prefix}_{k[len(prefix) + 1:]}": v for k, v in figures.items()}})
         self.callback_handler.event("on_evaluate", metrics=metrics)
         return metrics
+
+    def get_train_dataloader(self) -> Any:
+        """transformers' Trainer API for callbacks and scripts: this process's prompts in the order rloo trains
+        on them, one rollout's prompts per batch (the loop itself reads the schedule, not this loader)."""
+        order = trainer_api.ScheduleOrder(lambda r: self.schedule.rows(r, self.accelerator.process_index),
+                                          self.num_rollouts, self.args.prompts_per_rollout)
+        return trainer_api.prompt_loader(self.train_dataset, order, self.args.prompts_per_rollout,
+                                         self.args.dataloader_num_workers)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """transformers' Trainer API: the eval prompts in the batches evaluate() samples them (a streamed set
+        is read in the main process); `eval_dataset` may name one set of a dict, as in transformers."""
+        eval_dataset = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else (
+            eval_dataset if eval_dataset is not None else self.eval_dataset)
+        if eval_dataset is None or isinstance(eval_dataset, dict):
+            raise ConfigError("get_eval_dataloader() needs one eval set: pass it, or the name of one set of the "
+                              "eval_dataset dict.")
+        workers = 0 if trainer_api.is_streamed(eval_dataset) else self.args.dataloader_num_workers
+        rows = trainer_api.named_eval_sets(eval_dataset)[0][1]
+        num_generations = self.args.num_generations_eval or self.args.num_generations
+        return trainer_api.prompt_loader(rows, None, self._eval_prompts_per_batch(num_generations), workers)
 
     def _eval_prompts_per_batch(self, num_generations: int) -> int:
         """Prompts sampled together in evaluation: per_device_eval_batch_size completions when it was given

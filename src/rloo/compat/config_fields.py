@@ -470,6 +470,8 @@ def translate(values: dict[str, Any], own_fields: set[str]) -> tuple[dict[str, A
                 ours[field] = new
         else:
             _check_one(name, value)
+            if name == "accelerator_config":
+                value = _as_accelerator_config(value)
         kept[name] = value
     if ours.get("lr_scheduler_type") == "cosine_with_min_lr" and not {"min_lr", "min_lr_rate"} & set(
             kept.get("lr_scheduler_kwargs") or {}):
@@ -478,9 +480,21 @@ def translate(values: dict[str, Any], own_fields: set[str]) -> tuple[dict[str, A
     return ours, kept
 
 
+def _as_accelerator_config(value: Any) -> Any:
+    """transformers' AcceleratorConfig from a dict or None, as TrainingArguments builds it, so that
+    `args.accelerator_config.dispatch_batches` reads as in TRL."""
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    if value is None:
+        return AcceleratorConfig()
+    return AcceleratorConfig(**value) if isinstance(value, dict) else value
+
+
 def trl_attribute(config: Any, name: str) -> Any:
     """`config.<trl name>`: the value given, else TRL's default; AttributeError for other names."""
     kept = config.__dict__.get("_trl_values", {})
+    if name == "accelerator_config" and name not in kept and "_trl_values" in config.__dict__:
+        kept[name] = _as_accelerator_config(None)  # kept, so that a trainer's resolved option stays
     if name in kept:
         return kept[name]
     if name in TRL_FIELDS:

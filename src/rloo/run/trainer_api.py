@@ -6,6 +6,9 @@
 * `TrainOutput`: what `train()` returns, transformers' (global_step, training_loss, metrics) tuple
   that also reads like the metrics dict (`out["reward"]`), as rloo's train() returned before.
 * `take_rows`: an `IterableDataset` (no length) becomes the finite list of rows a run of `max_steps` reads.
+* `settle_streamed_train_options`: TRL's two DataLoader rules for a streamed train set.
+* `prompt_loader` and `trl_logs`: `get_train_dataloader()` / `get_eval_dataloader()` and TRL's `_logs`
+  buffer, for callbacks and scripts that read them.
 * `write_model_card` and `push_to_hub`: README.md next to the saved model; pushing needs the network.
 """
 
@@ -15,7 +18,7 @@ import itertools
 import logging
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from transformers import TrainerCallback, TrainerControl
 from transformers.trainer_utils import TrainOutput as _TrainOutput
@@ -108,6 +111,64 @@ def take_rows(dataset: Any, name: str, needed: int | None) -> Any:
     if len(rows) < needed:
         raise ValueError(f"{name} holds {len(rows)} rows, fewer than the {needed} that max_steps needs.")
     return Dataset.from_list(rows)
+
+
+def is_streamed(dataset: Any) -> bool:
+    """A `datasets.IterableDataset` (or a plain iterable of rows with no length)."""
+    return dataset is not None and not isinstance(dataset, dict) and not hasattr(dataset, "__len__")
+
+
+def settle_streamed_train_options(args: Any, train_dataset: Any) -> None:
+    """TRL's rules for a streamed train set, kept so that its scripts read the same settings.
+
+    rloo reads a streamed set once, in every process, up to the rows max_steps needs (`take_rows`), which
+    is what `dispatch_batches=False` means: an unset value reads False, True is refused as TRL refuses it.
+    `dataloader_num_workers` is set to 0, with a warning, as TRL sets it (workers would split a stream's
+    groups); it only sizes the loader `get_train_dataloader()` returns, the loop starts no workers."""
+    if not is_streamed(train_dataset):
+        return
+    accelerator_config = getattr(args, "accelerator_config", None)
+    if accelerator_config is not None:
+        if accelerator_config.dispatch_batches:
+            raise ValueError("Iterable datasets require `dispatch_batches=False`: a streamed train_dataset is read "
+                             "by every process. Remove `dispatch_batches` from accelerator_config or set it to False.")
+        accelerator_config.dispatch_batches = False
+    workers = getattr(args, "dataloader_num_workers", 0)
+    if workers:
+        logger.warning("dataloader_num_workers=%d is set to 0 for a streamed train_dataset, as TRL does (workers "
+                       "would split its groups; rloo's loop starts no workers in any case).", workers)
+        args.dataloader_num_workers = 0
+
+
+class ScheduleOrder:
+    """The dataset indices one process trains on, rollout after rollout, computed as they are read."""
+
+    def __init__(self, rows_of: Callable[[int], list[int]], num_rollouts: int, rows_per_rollout: int) -> None:
+        self.rows_of, self.num_rollouts, self.rows_per_rollout = rows_of, num_rollouts, rows_per_rollout
+
+    def __iter__(self) -> Iterator[int]:
+        for rollout in range(self.num_rollouts):
+            yield from self.rows_of(rollout)
+
+    def __len__(self) -> int:
+        return self.num_rollouts * self.rows_per_rollout
+
+
+def prompt_loader(rows: Any, order: Iterable[int] | None, batch_size: int, num_workers: int) -> Any:
+    """A torch DataLoader over dataset rows (dicts; a batch is a list of them), in `order` when given."""
+    from torch.utils.data import DataLoader
+
+    return DataLoader(rows, batch_size=batch_size, sampler=order, num_workers=num_workers, collate_fn=list)
+
+
+def trl_logs(prompts: Sequence[Any], completions: Sequence[str], reward_names: Sequence[str], reward_columns: Any,
+             advantages: Sequence[float], extra: dict[str, Sequence[Any]] | None) -> dict[str, Any]:
+    """TRL's `trainer._logs` buffer for the last logged rollout of this process: prompt, completion,
+    rewards per function (NaN where a function did not apply), advantages and `log_extra` columns."""
+    columns = reward_columns.tolist()
+    return {"prompt": list(prompts), "completion": list(completions),
+            "rewards": {name: [row[i] for row in columns] for i, name in enumerate(reward_names)},
+            "advantages": list(advantages), "extra": {k: list(v) for k, v in (extra or {}).items()}}
 
 
 def named_eval_sets(eval_dataset: Any) -> list[tuple[str | None, Any]]:
