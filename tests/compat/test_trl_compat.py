@@ -263,6 +263,8 @@ def test_mapped_fields(kwargs, expected):
     ({"vllm_model_impl": "transformers"}, ["vllm_model_impl", "vLLM"]),
     ({"min_p": 1.5}, ["min_p"]),
     ({"steps_per_generation": 3, "gradient_accumulation_steps": 2}, ["steps_per_generation", "num_mini_batches"]),
+    ({"steps_per_generation": 4, "gradient_accumulation_steps": 3},
+     ["steps_per_generation=3 or 6", "gradient_accumulation_steps in (1, 2, 4)", "never mixes two generations"]),
     ({"eval_strategy": "epoch"}, ["eval_strategy", "eval_steps"]),
     ({"deepspeed": "ds.json"}, ["deepspeed", "accelerate launch"]),
     ({"generation_kwargs": {"do_sample": False}}, ["do_sample", "identical"]),

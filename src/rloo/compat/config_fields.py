@@ -107,11 +107,19 @@ def _steps_per_generation(value: Any, given: dict) -> dict:
     if value is None:
         return {}
     accumulation = given.get("gradient_accumulation_steps", 1)
-    if not isinstance(value, int) or value < 1 or value % accumulation:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TRLFieldError(f"steps_per_generation={value!r} must be a positive integer (micro-batches per generation).")
+    if value % accumulation:
+        # rloo's optimizer steps never straddle two generations: each step's loss is normalised over samples
+        # of one policy version, and a checkpoint taken at any step resumes at a generation boundary.
+        lower = value // accumulation * accumulation
+        multiples = " or ".join(str(m) for m in (lower, lower + accumulation) if m > 0)
+        divisors = ", ".join(str(d) for d in range(1, value + 1) if value % d == 0)
         raise TRLFieldError(
-            f"steps_per_generation={value!r} must be a positive multiple of gradient_accumulation_steps="
-            f"{accumulation}: rloo spends a generation in whole optimizer steps. Set num_mini_batches "
-            f"(optimizer steps per generation) instead.")
+            f"steps_per_generation={value} is not a multiple of gradient_accumulation_steps={accumulation}: rloo "
+            f"spends each generation in whole optimizer steps (a step never mixes two generations). Use "
+            f"steps_per_generation={multiples}, or gradient_accumulation_steps in ({divisors}); num_mini_batches "
+            f"sets the optimizer steps per generation directly.")
     return {"num_mini_batches": value // accumulation}
 
 
