@@ -183,6 +183,18 @@ def build_scheduler(optimizer: torch.optim.Optimizer, args: RLOOConfig, total_st
                          scheduler_specific_kwargs=args.lr_scheduler_kwargs or None)  # TRL's lr_scheduler_kwargs
 
 
+def prepare_for_training(acc: Accelerator, policy: torch.nn.Module, optimizers: tuple[Any, Any], args: RLOOConfig,
+                         total_steps: int) -> tuple[Any, Any, Any]:
+    """(model, optimizer, scheduler) prepared by accelerate. TRL's optimizers=(optimizer, scheduler):
+    either may be None, and then ours is built."""
+    optimizer, scheduler = optimizers
+    optimizer = optimizer if optimizer is not None else build_optimizer(policy, args)
+    # A model fresh from another training loop may still hold gradients; the first backward would add to them.
+    optimizer.zero_grad(set_to_none=True)
+    scheduler = scheduler if scheduler is not None else build_scheduler(optimizer, args, total_steps)
+    return acc.prepare(policy, optimizer, scheduler)
+
+
 def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -> tuple[int, int]:
     """(rollouts, optimizer steps) from max_steps, total_episodes or num_train_epochs, in that order."""
     per_rollout = args.steps_per_rollout

@@ -13,7 +13,8 @@ Each rollout on each process:
   6. logs, checkpoints, and goes on.
 
 Steps 1-4 are `rollout.RolloutCollector`, step 5 is `update.Learner`, step 6 is `metrics` and
-`checkpoint`; `setup` builds what they share. Accelerate owns devices, processes, mixed
+`checkpoint`; `builders` builds what they share, and `run.trainer_api.TrainerAPI` holds the methods of
+transformers' Trainer that scripts and callbacks call. Accelerate owns devices, processes, mixed
 precision, trackers and saved state. docs/architecture.md maps the rest.
 """
 
@@ -38,7 +39,6 @@ from rloo.data.schedule import PromptSchedule, select_rows
 from rloo.dist import sharding
 from rloo.dynamic_sampling import DynamicSampler, zero_spread_message
 from rloo.generation.base import Sampler
-from rloo.rewards.reward_model import RewardModel
 from rloo.rollout import Rollout, RolloutCollector, Samples
 from rloo.run import checkpoint, evaluation, report, trainer_api
 from rloo.run.allocator import return_large_buffers_to_os
@@ -47,7 +47,7 @@ from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, 
 from rloo.update import Learner, mini_batches
 
 
-class RLOOTrainer:
+class RLOOTrainer(trainer_api.TrainerAPI):
     """Train a causal LM with RLOO.
 
     Args:
@@ -90,18 +90,14 @@ class RLOOTrainer:
         optimizers: tuple[Any, Any] = (None, None),
         quantization_config: Any = None,
     ) -> None:
-        reward_funcs = _check_arguments(reward_funcs, reward_model, train_dataset, sampler)
+        reward_funcs = trainer_api.check_arguments(reward_funcs, reward_model, train_dataset, sampler)
         self.args = args = args if args is not None else RLOOConfig()
         check_output_dir(args.output_dir)  # before anything loads
         self.accelerator = acc = builders.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
         self.tokenizer = builders.load_tokenizer(processing_class, model, trust_remote_code=args.trust_remote_code)
-        # An IterableDataset is read once, up to the rows max_steps needs.
-        trainer_api.settle_streamed_train_options(args, train_dataset)
-        train_dataset = trainer_api.take_rows(train_dataset, "train_dataset", None if args.max_steps < 0 else
-                                              -(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
-                                              * acc.num_processes)
+        train_dataset = trainer_api.train_rows(args, train_dataset, acc.num_processes)  # a stream is read once
         self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
         policy = builders.load_policy(model, peft_config, args, quantization_config)
@@ -111,55 +107,38 @@ class RLOOTrainer:
         self.schedule = PromptSchedule(num_rows=len(train_dataset), prompts_per_process=args.prompts_per_rollout,
                                        num_processes=acc.num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
         self.num_rollouts, self.total_steps = builders.run_length(args, self.schedule, acc.num_processes)
-        optimizer, scheduler = optimizers  # TRL's optimizers=(optimizer, scheduler); None builds ours
-        optimizer = optimizer if optimizer is not None else builders.build_optimizer(policy, args)
-        # A model fresh from another training loop may still hold gradients; the first backward would add to them.
-        optimizer.zero_grad(set_to_none=True)
-        scheduler = scheduler if scheduler is not None else builders.build_scheduler(optimizer, args, self.total_steps)
-        self.model, self.optimizer, self.lr_scheduler = acc.prepare(policy, optimizer, scheduler)
+        self.model, self.optimizer, self.lr_scheduler = builders.prepare_for_training(acc, policy, optimizers, args,
+                                                                                      self.total_steps)
         self.reference = None if reference is None else sharding.prepare_reference(acc, reference)
 
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self._logs = trainer_api.trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled by _log
         self.reward_functions, self.reward_weights = builders.build_rewards(
             args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names)
 
-        if sampler is None:  # stops at the end ids the checkpoint's generation config declares, too
-            sampler = builders.default_sampler(args, self.tokenizer, acc.unwrap_model(self.model))
-        self.sampler = sampler
+        # By default, a sampler that stops at the end ids the checkpoint's generation config declares, too.
+        self.sampler = sampler if sampler is not None else builders.default_sampler(args, self.tokenizer,
+                                                                                    acc.unwrap_model(self.model))
         self.collector = RolloutCollector(args, acc, self.model, self.reference,
                                           self.tokenizer, self.sampler, self.reward_functions, self.reward_weights)
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
         self.dynamic_sampler = DynamicSampler(args, acc, self.collector, train_dataset, self.tokenizer.pad_token_id)
-        if args.async_rollouts and acc.num_processes > 1:
-            raise ConfigError("async_rollouts runs in one process (its sampler thread takes no part in collective "
-                              "calls); launch one process or set async_rollouts=False.")
         self.async_rollouts: AsyncRollouts | None = None  # the sampler one rollout ahead, started by train()
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
-        self.global_step = 0
-        self.episode = 0
-        self._evaluated_at, self._last_eval = -1, {}
-        self._reported_zero_spread = False
+        self.global_step, self.episode = 0, 0
+        self._evaluated_at, self._last_eval, self._reported_zero_spread = -1, {}, False
         self.run_id = uuid.uuid4().hex  # marks this run's checkpoints; a resumed run takes the checkpoint's
         self.stopped_by: str | None = None  # the signal that stopped train() early, if any
         self._claimed_output_dir = False
         self._attach_callbacks(callbacks)
         self._expose_trl_attributes()
-        self._check_reference_sync()
+        self._check_run_options()
 
-    def _expose_trl_attributes(self) -> None:
-        """The attributes TRL's trainer has that scripts and callbacks read: the reference model (None
-        when beta is 0 or under LoRA), the reward functions with reward models as their models, each
-        one's tokenizer (None for plain functions), and whether a MoE router loss is added (router_aux_loss_coef)."""
-        self.ref_model = self.reference
-        self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func
-                             for fn in self.reward_functions]
-        self.reward_processing_classes = [fn.func.tokenizer if isinstance(fn.func, RewardModel) else None
-                                          for fn in self.reward_functions]
-        self.aux_loss_enabled = self.learner.aux_loss_coef > 0
-
-    def _check_reference_sync(self) -> None:
-        """sync_ref_model (TR-DPO) moves a separate reference copy toward the policy: it needs one."""
+    def _check_run_options(self) -> None:
+        """Options that need this run's processes or models: async_rollouts runs in one process;
+        sync_ref_model (TR-DPO) moves a separate reference copy toward the policy, so it needs one."""
+        if self.args.async_rollouts and self.accelerator.num_processes > 1:
+            raise ConfigError("async_rollouts runs in one process (its sampler thread takes no part in collective "
+                              "calls); launch one process or set async_rollouts=False.")
         if not self.args.sync_ref_model:
             return
         if self.reference is None:
@@ -278,16 +257,19 @@ class RLOOTrainer:
                 break
 
         progress.close()
-        if self.stopped_by is not None:
-            acc.end_training()
-            return trainer_api.TrainOutput(self.global_step, self._training_loss(), last_metrics)
-        if self.eval_dataset is not None:
-            last_metrics.update(self._log_eval())
-        self.save_model(args.output_dir)
-        last_metrics.update(self._log_closing(time.perf_counter() - train_start, self.episode - start_episode,
-                                              self.global_step - start_step))
-        self.callback_handler.event("on_train_end")
-        acc.end_training()
+        return self._finish(last_metrics, time.perf_counter() - train_start, self.episode - start_episode,
+                            self.global_step - start_step)
+
+    def _finish(self, last_metrics: dict[str, float], runtime: float, episodes: int, steps: int
+                ) -> trainer_api.TrainOutput:
+        """After the loop: unless a signal stopped it, the final eval, the saved model and TRL's closing entry."""
+        if self.stopped_by is None:
+            if self.eval_dataset is not None:
+                last_metrics.update(self._log_eval())
+            self.save_model(self.args.output_dir)
+            last_metrics.update(self._log_closing(runtime, episodes, steps))
+            self.callback_handler.event("on_train_end")
+        self.accelerator.end_training()
         return trainer_api.TrainOutput(self.global_step, self._training_loss(), last_metrics)
 
     def _report_zero_spread(self, rollout_stats: dict[str, float]) -> None:
@@ -305,31 +287,6 @@ class RLOOTrainer:
                                    [fn.name for fn in self.reward_functions],
                                    [float(w) for w in self.reward_weights], self.args.to_dict())
             report.write_run_card(self.args.output_dir, card)
-
-    def _log_closing(self, runtime: float, episodes: int, steps: int) -> dict[str, float]:
-        """The entry transformers' Trainer closes log_history with (train_runtime, train_samples_per_second,
-        train_steps_per_second, train_loss, epoch); it reaches callbacks' on_log but not rloo's metric files.
-        TRL's also carries the training figures of the steps since the last log; rloo always logs the last
-        step, so that step's log entry moves into the closing one (each step's figures stay in one entry)."""
-        train_loss, history = self._training_loss(), self.state.log_history
-        last = next((i for i in range(len(history) - 1, -1, -1)
-                     if history[i].get("step") == self.global_step and "loss/policy_avg" in history[i]), None)
-        carried = {k: v for k, v in history.pop(last).items() if k not in ("step", "epoch")} if last is not None else {}
-        closing = {**carried, "train_runtime": round(runtime, 4),
-                   "train_samples_per_second": round(episodes / max(runtime, 1e-9), 3),
-                   "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
-                   "total_flos": 0.0, "train_loss": train_loss, "epoch": self.epoch}
-        self.callback_handler.log(closing, self.global_step)
-        return closing
-
-    def _training_loss(self) -> float:
-        losses = [log["loss/policy_avg"] for log in self.state.log_history if "loss/policy_avg" in log]
-        return sum(losses) / max(len(losses), 1)
-
-    @property
-    def epoch(self) -> float:
-        """Passes over the training prompts so far (fractional), as TrainerState.epoch counts them."""
-        return self.episode / (self.args.num_generations * max(len(self.train_dataset), 1))
 
     def _resume(self, resume_from_checkpoint: str | bool | None) -> int:
         """Check output_dir, load the checkpoint to resume from (if any), cut the history back to
@@ -429,27 +386,6 @@ class RLOOTrainer:
         self.callback_handler.event("on_evaluate", metrics=metrics)
         return metrics
 
-    def get_train_dataloader(self) -> Any:
-        """transformers' Trainer API for callbacks and scripts: this process's prompts in the order rloo trains
-        on them, one rollout's prompts per batch (the loop itself reads the schedule, not this loader)."""
-        order = trainer_api.ScheduleOrder(lambda r: self.schedule.rows(r, self.accelerator.process_index),
-                                          self.num_rollouts, self.args.prompts_per_rollout)
-        return trainer_api.prompt_loader(self.train_dataset, order, self.args.prompts_per_rollout,
-                                         self.args.dataloader_num_workers)
-
-    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
-        """transformers' Trainer API: the eval prompts in the batches evaluate() samples them (a streamed set
-        is read in the main process); `eval_dataset` may name one set of a dict, as in transformers."""
-        eval_dataset = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else (
-            eval_dataset if eval_dataset is not None else self.eval_dataset)
-        if eval_dataset is None or isinstance(eval_dataset, dict):
-            raise ConfigError("get_eval_dataloader() needs one eval set: pass it, or the name of one set of the "
-                              "eval_dataset dict.")
-        workers = 0 if trainer_api.is_streamed(eval_dataset) else self.args.dataloader_num_workers
-        rows = trainer_api.named_eval_sets(eval_dataset)[0][1]
-        num_generations = self.args.num_generations_eval or self.args.num_generations
-        return trainer_api.prompt_loader(rows, None, self._eval_prompts_per_batch(num_generations), workers)
-
     def _eval_prompts_per_batch(self, num_generations: int) -> int:
         """Prompts sampled together in evaluation: per_device_eval_batch_size completions when it was given
         (whole groups, at least one), else the training step's prompts."""
@@ -462,47 +398,3 @@ class RLOOTrainer:
             self._evaluated_at = self.global_step
             self._last_eval = self.logger.log(self.evaluate(), self.global_step)
         return self._last_eval
-
-    def save_model(self, output_dir: str | None = None) -> None:
-        """Save the policy (or its adapters under LoRA) and the tokenizer with save_pretrained."""
-        checkpoint.save_model(self.accelerator, self.model, self.tokenizer, self.args, output_dir or self.args.output_dir)
-        if self.accelerator.is_main_process:  # the model card travels with the weights
-            self.create_model_card(output_dir=output_dir)
-
-    def end(self) -> None:
-        """Finish the trackers, as transformers' Trainer.end() (TRL scripts call it); train() already has."""
-        self.accelerator.end_training()
-
-    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
-                          tags: Sequence[str] | None = None, output_dir: str | None = None) -> Path:
-        """Write README.md (Hub metadata, training settings, citation) next to the saved model."""
-        return trainer_api.write_model_card(output_dir or self.args.output_dir, self.args, model_name or self.model_name,
-                                            dataset_name, tags or ())
-
-    def push_to_hub(self, commit_message: str = "End of training", dataset_name: str | None = None,
-                    token: str | None = None, revision: str | None = None, **_: Any) -> str:
-        """Save the model and its card, then upload output_dir to `args.hub_model_id` (needs the network;
-        offline it raises with where the files are). Returns the commit URL."""
-        self.save_model(self.args.output_dir)
-        self.create_model_card(dataset_name=dataset_name)
-        return trainer_api.push_to_hub(self.args.output_dir, self.hub_model_id, token or self.args.hub_token,
-                                       self.args.hub_private_repo, revision or self.args.hub_revision, commit_message)
-
-
-def _check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any) -> Any:
-    """The arguments RLOOTrainer cannot do without; returns the reward functions (given either way)."""
-    if reward_funcs is not None and reward_model is not None:
-        raise ConfigError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
-    reward_funcs = reward_funcs if reward_funcs is not None else reward_model
-    if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0):
-        raise ConfigError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
-    for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
-        if not (callable(func) or isinstance(func, (str, torch.nn.Module))):
-            raise ConfigError(f"reward_funcs holds {func!r} ({type(func).__name__}); each entry must be a function "
-                              f"f(prompts, completions, **columns), a reward model, or a reward model's path.")
-    if train_dataset is None:  # TRL's wording first: user code may match it
-        raise ConfigError("`train_dataset` is required: RLOOTrainer needs a train_dataset with a 'prompt' column.")
-    if sampler is not None and not isinstance(sampler, Sampler):
-        raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
-                        f"sample(model, prompts, num_generations) and on_optimizer_step(model).")
-    return reward_funcs

@@ -67,6 +67,25 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
+def _forward_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, tiled: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The rows as the forward runs them: (ids, mask, position ids, lead), each (B, P + C) but lead (B,).
+
+    Right padding of the completions is unmasked (see completion_logprobs); on the tiled path each row's
+    left padding is moved behind its completion (lead: how many positions it moved), so the mask is all
+    ones. Otherwise, or with a mask that has holes, the rows run as given with their mask (lead None)."""
+    rows, length = input_ids.shape
+    prompt_length = length - completion_length
+    if is_right_padded(attention_mask[:, prompt_length:]):
+        attention_mask = torch.cat([attention_mask[:, :prompt_length],
+                                    torch.ones_like(attention_mask[:, prompt_length:])], dim=1)
+    moved = padding_to_the_end(input_ids, attention_mask, completion_length) if tiled else None
+    if moved is None:
+        return input_ids, attention_mask, position_ids_from_mask(attention_mask), None
+    ids, lead = moved
+    return ids, torch.ones_like(attention_mask), torch.arange(length, device=ids.device).expand(rows, length), lead
+
+
 def completion_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -102,18 +121,7 @@ def completion_logprobs(
         padded completion positions are meaningless (callers mask them).
     """
     head = reachable_head(model)
-    rows, length = input_ids.shape
-    prompt_length = length - completion_length
-    if is_right_padded(attention_mask[:, prompt_length:]):
-        attention_mask = torch.cat([attention_mask[:, :prompt_length],
-                                    torch.ones_like(attention_mask[:, prompt_length:])], dim=1)
-    moved = padding_to_the_end(input_ids, attention_mask, completion_length) if head is not None else None
-    if moved is None:  # the plain path, or a mask with holes: the rows run as given, with their mask
-        ids, mask, positions, lead = input_ids, attention_mask, position_ids_from_mask(attention_mask), None
-    else:
-        ids, lead = moved
-        mask = torch.ones_like(attention_mask)
-        positions = torch.arange(length, device=ids.device).expand(rows, length)
+    ids, mask, positions, lead = _forward_layout(input_ids, attention_mask, completion_length, tiled=head is not None)
     max_lead = 0 if lead is None else int(lead.max())
     # The last C + 1 positions hold every completion when nothing moved; moving a row's lead of
     # padding back shifts its completion up to max_lead positions earlier.

@@ -20,10 +20,15 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import torch
 from transformers import TrainerCallback, TrainerControl
 from transformers.trainer_utils import TrainOutput as _TrainOutput
 
+from rloo.config import ConfigError
+from rloo.generation.base import Sampler
+from rloo.rewards.reward_model import RewardModel
 from rloo.rewards.trl_names import TrainerStateView
+from rloo.run import checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +176,15 @@ def trl_logs(prompts: Sequence[Any], completions: Sequence[str], reward_names: S
             "advantages": list(advantages), "extra": {k: list(v) for k, v in (extra or {}).items()}}
 
 
+def train_rows(args: Any, train_dataset: Any, num_processes: int) -> Any:
+    """The train set as rows the schedule indexes: a streamed set is read once, up to the rows max_steps
+    needs (after TRL's rules for its DataLoader options); a Dataset as is."""
+    settle_streamed_train_options(args, train_dataset)
+    needed = None if args.max_steps < 0 else (-(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
+                                              * num_processes)
+    return take_rows(train_dataset, "train_dataset", needed)
+
+
 def named_eval_sets(eval_dataset: Any) -> list[tuple[str | None, Any]]:
     """[(name, Dataset)] of an eval set: a Dataset, an IterableDataset (read to its end: eval sets are
     finite), or a dict of them (DatasetDict and IterableDatasetDict included), each named by its key."""
@@ -242,3 +256,114 @@ def push_to_hub(output_dir: str | Path, repo_id: str, token: str | None = None, 
         raise RuntimeError(f"push_to_hub to {repo_id} failed ({type(error).__name__}: {error}). "
                            f"Pushing needs network access to the Hub and a token (`hf auth login`). {where}") from error
     return str(getattr(commit, "commit_url", commit))
+
+
+class TrainerAPI:
+    """The methods of transformers' Trainer (and TRL's attributes) that scripts and callbacks call,
+    mixed into RLOOTrainer so that trainer.py keeps the loop. They read the trainer's own state
+    (args, accelerator, model, schedule, state, ...); none of them changes how it trains."""
+
+    def _expose_trl_attributes(self) -> None:
+        """The attributes TRL's trainer has that scripts and callbacks read: the reference model (None
+        when beta is 0 or under LoRA), the reward functions with reward models as their models, each
+        one's tokenizer (None for plain functions), and whether a MoE router loss is added (router_aux_loss_coef)."""
+        self.ref_model = self.reference
+        self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func
+                             for fn in self.reward_functions]
+        self.reward_processing_classes = [fn.func.tokenizer if isinstance(fn.func, RewardModel) else None
+                                          for fn in self.reward_functions]
+        self.aux_loss_enabled = self.learner.aux_loss_coef > 0
+        self._logs = trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled at each log
+
+
+    def _log_closing(self, runtime: float, episodes: int, steps: int) -> dict[str, float]:
+        """The entry transformers' Trainer closes log_history with (train_runtime, train_samples_per_second,
+        train_steps_per_second, train_loss, epoch); it reaches callbacks' on_log but not rloo's metric files.
+        TRL's also carries the training figures of the steps since the last log; rloo always logs the last
+        step, so that step's log entry moves into the closing one (each step's figures stay in one entry)."""
+        train_loss, history = self._training_loss(), self.state.log_history
+        last = next((i for i in range(len(history) - 1, -1, -1)
+                     if history[i].get("step") == self.global_step and "loss/policy_avg" in history[i]), None)
+        carried = {k: v for k, v in history.pop(last).items() if k not in ("step", "epoch")} if last is not None else {}
+        closing = {**carried, "train_runtime": round(runtime, 4),
+                   "train_samples_per_second": round(episodes / max(runtime, 1e-9), 3),
+                   "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
+                   "total_flos": 0.0, "train_loss": train_loss, "epoch": self.epoch}
+        self.callback_handler.log(closing, self.global_step)
+        return closing
+
+    def _training_loss(self) -> float:
+        losses = [log["loss/policy_avg"] for log in self.state.log_history if "loss/policy_avg" in log]
+        return sum(losses) / max(len(losses), 1)
+
+    @property
+    def epoch(self) -> float:
+        """Passes over the training prompts so far (fractional), as TrainerState.epoch counts them."""
+        return self.episode / (self.args.num_generations * max(len(self.train_dataset), 1))
+
+
+    def get_train_dataloader(self) -> Any:
+        """transformers' Trainer API for callbacks and scripts: this process's prompts in the order rloo trains
+        on them, one rollout's prompts per batch (the loop itself reads the schedule, not this loader)."""
+        order = ScheduleOrder(lambda r: self.schedule.rows(r, self.accelerator.process_index),
+                                          self.num_rollouts, self.args.prompts_per_rollout)
+        return prompt_loader(self.train_dataset, order, self.args.prompts_per_rollout,
+                                         self.args.dataloader_num_workers)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """transformers' Trainer API: the eval prompts in the batches evaluate() samples them (a streamed set
+        is read in the main process); `eval_dataset` may name one set of a dict, as in transformers."""
+        eval_dataset = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else (
+            eval_dataset if eval_dataset is not None else self.eval_dataset)
+        if eval_dataset is None or isinstance(eval_dataset, dict):
+            raise ConfigError("get_eval_dataloader() needs one eval set: pass it, or the name of one set of the "
+                              "eval_dataset dict.")
+        workers = 0 if is_streamed(eval_dataset) else self.args.dataloader_num_workers
+        rows = named_eval_sets(eval_dataset)[0][1]
+        num_generations = self.args.num_generations_eval or self.args.num_generations
+        return prompt_loader(rows, None, self._eval_prompts_per_batch(num_generations), workers)
+
+
+    def save_model(self, output_dir: str | None = None) -> None:
+        """Save the policy (or its adapters under LoRA) and the tokenizer with save_pretrained."""
+        checkpoint.save_model(self.accelerator, self.model, self.tokenizer, self.args, output_dir or self.args.output_dir)
+        if self.accelerator.is_main_process:  # the model card travels with the weights
+            self.create_model_card(output_dir=output_dir)
+
+    def end(self) -> None:
+        """Finish the trackers, as transformers' Trainer.end() (TRL scripts call it); train() already has."""
+        self.accelerator.end_training()
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
+                          tags: Sequence[str] | None = None, output_dir: str | None = None) -> Path:
+        """Write README.md (Hub metadata, training settings, citation) next to the saved model."""
+        return write_model_card(output_dir or self.args.output_dir, self.args, model_name or self.model_name,
+                                            dataset_name, tags or ())
+
+    def push_to_hub(self, commit_message: str = "End of training", dataset_name: str | None = None,
+                    token: str | None = None, revision: str | None = None, **_: Any) -> str:
+        """Save the model and its card, then upload output_dir to `args.hub_model_id` (needs the network;
+        offline it raises with where the files are). Returns the commit URL."""
+        self.save_model(self.args.output_dir)
+        self.create_model_card(dataset_name=dataset_name)
+        return push_to_hub(self.args.output_dir, self.hub_model_id, token or self.args.hub_token,
+                                       self.args.hub_private_repo, revision or self.args.hub_revision, commit_message)
+
+
+def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any) -> Any:
+    """The arguments RLOOTrainer cannot do without; returns the reward functions (given either way)."""
+    if reward_funcs is not None and reward_model is not None:
+        raise ConfigError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
+    reward_funcs = reward_funcs if reward_funcs is not None else reward_model
+    if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0):
+        raise ConfigError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
+    for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
+        if not (callable(func) or isinstance(func, (str, torch.nn.Module))):
+            raise ConfigError(f"reward_funcs holds {func!r} ({type(func).__name__}); each entry must be a function "
+                              f"f(prompts, completions, **columns), a reward model, or a reward model's path.")
+    if train_dataset is None:  # TRL's wording first: user code may match it
+        raise ConfigError("`train_dataset` is required: RLOOTrainer needs a train_dataset with a 'prompt' column.")
+    if sampler is not None and not isinstance(sampler, Sampler):
+        raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
+                        f"sample(model, prompts, num_generations) and on_optimizer_step(model).")
+    return reward_funcs

@@ -282,14 +282,25 @@ def warm_started_addition_model(
     }
     if add_bos:  # only when set, so that the keys of existing caches stay valid
         settings["add_bos"] = True
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    entry = Path(cache_dir) / f"addition-{key}"
+    entry = _cache_entry(cache_dir, settings)
     if entry.is_dir():
         model, tokenizer = _load_entry(entry)
         if verbose:
             print(f"warm start: loaded from cache {entry}", flush=True)
         return model, tokenizer
 
+    return _train_and_cache(entry, settings, verbose)
+
+
+def _cache_entry(cache_dir: str | os.PathLike, settings: dict[str, Any]) -> Path:
+    """cache_dir/addition-<key>, the key a hash of every setting."""
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(cache_dir) / f"addition-{key}"
+
+
+def _train_and_cache(entry: Path, settings: dict[str, Any], verbose: bool
+                     ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
+    """Run the warm start and save it (with warm_start.json) as the cache entry."""
     if verbose:
         print(f"warm start: training a tiny model on {settings['digits']}-digit addition (at most "
               f"{settings['warm_start_steps']} steps, stopping at training accuracy {settings['target_accuracy']}); "
