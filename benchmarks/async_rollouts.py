@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.async_rollouts import AsyncRollouts
+from rloo.rollout.async_rollouts import AsyncRollouts
 from rloo.toy import addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
 
 WORKER = "process"

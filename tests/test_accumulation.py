@@ -31,7 +31,7 @@ def test_sync_gradients_only_on_the_last_micro_batch_and_one_optimizer_step(tmp_
     steps = []
     optimizer_step = trainer.learner.optimizer.step
     monkeypatch.setattr(trainer.learner.optimizer, "step", lambda *a, **k: (steps.append(1), optimizer_step(*a, **k)))
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     trainer.learner.step(rollout)
     assert pattern == [False, False, False, True] and len(steps) == 1
     assert trainer.accelerator.sync_gradients  # left True for whatever runs next
@@ -40,7 +40,7 @@ def test_sync_gradients_only_on_the_last_micro_batch_and_one_optimizer_step(tmp_
 def test_accumulated_gradient_equals_one_backward_of_the_whole_step(tmp_path, make_model, tokenizer, digit_dataset):
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, loss_agg_mode="token-mean"),
                           train_dataset=digit_dataset, processing_class=tokenizer)
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     rollout.advantages = torch.linspace(-1.0, 1.0, rollout.advantages.numel())
     trainer.learner.accumulate_gradients(rollout)
     accumulated = [p.grad.clone() for p in trainer.model.parameters()]

@@ -144,10 +144,14 @@ def test_mini_batch_sizes():
     assert (config.completions_per_rollout, config.prompts_per_rollout, config.steps_per_rollout) == (48, 12, 6)
 
 
-def test_the_config_lists_the_same_names_as_the_math_modules():
-    from rloo import config
-    from rloo.algo import advantages, kl, loss
+def test_the_algorithms_choices_are_declared_once():
+    from rloo import config_checks
+    from rloo.algo import advantages, choices, kl, loss, off_policy
 
-    assert config.ADVANTAGE_ESTIMATORS == advantages.ADVANTAGE_ESTIMATORS
-    assert (config.KL_PENALTIES, config.KL_ESTIMATORS) == (kl.KL_PENALTIES, kl.KL_ESTIMATORS)
-    assert config.LOSS_AGG_MODES == loss.LOSS_AGG_MODES
+    # The checks and the math modules read the same tuples (identity, not equal copies).
+    assert config_checks.ADVANTAGE_ESTIMATORS is advantages.ADVANTAGE_ESTIMATORS is choices.ADVANTAGE_ESTIMATORS
+    assert config_checks.KL_PENALTIES is kl.KL_PENALTIES is choices.KL_PENALTIES
+    assert config_checks.KL_ESTIMATORS is kl.KL_ESTIMATORS is choices.KL_ESTIMATORS
+    assert config_checks.LOSS_AGG_MODES is loss.LOSS_AGG_MODES is choices.LOSS_AGG_MODES
+    assert off_policy.IMPORTANCE_SAMPLING_LEVELS is choices.IMPORTANCE_SAMPLING_LEVELS
+    assert off_policy.SAMPLER_CORRECTION_MODES is choices.SAMPLER_CORRECTION_MODES

@@ -131,7 +131,7 @@ def test_a_filtering_engine_is_compared_on_its_own_support(tmp_path, make_model,
     sampler = TruncatedEngineSampler(tokenizer, top_k=3)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset,
                           processing_class=tokenizer, sampler=sampler)
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     tokens = rollout.completion_mask.sum()
     # Same weights, so once both sides are on the kept set the ratio is 1 up to float error ...
     assert rollout.mismatch[0] / rollout.mismatch[1] < 1e-4
@@ -164,7 +164,7 @@ def test_engine_drift_masks_the_negative_samples(tmp_path, make_model, tokenizer
                       vllm_importance_sampling_correction=False)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset,
                           processing_class=tokenizer, sampler=ShiftedEngineSampler(tokenizer, 1.0))
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     negative = float(((rollout.advantages < 0) & rollout.trained).sum()) / float(rollout.trained.sum())
     assert rollout.sampler_logps is not None and negative > 0
     stats = trainer.learner.step(rollout)

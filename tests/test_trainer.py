@@ -53,7 +53,7 @@ def test_gradient_accumulation_matches_one_large_batch(tmp_path, make_model, tok
     large = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_train_batch_size=8,
                         gradient_accumulation_steps=1, **common), train_dataset=digit_dataset, processing_class=tokenizer)
     large.collector.reference = make_model(seed=1)  # a reference unlike the policy, so that the KL is not zero
-    rollout, _ = large.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = large.collector.collect([digit_dataset[i] for i in range(2)], large.global_step, large.episode)
     assert rollout.advantages.abs().sum() > 0 and rollout.seq_kl.abs().sum() > 0
     rollout.trained = torch.tensor([True, False, True, True, True, True, False, True])  # as masked truncations
     lengths = rollout.loss_mask().sum(dim=1)
@@ -123,10 +123,10 @@ def test_one_iteration_without_kl_runs_no_extra_forward(tmp_path, make_model, to
 def test_kl_starts_at_zero_and_is_folded_into_rewards(tmp_path, make_model, tokenizer, digit_dataset):
     args = _config(tmp_path, beta=0.5)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     torch.testing.assert_close(rollout.seq_kl, torch.zeros(8), atol=1e-5, rtol=0)  # policy == reference
     trainer.train()  # the policy moves away from the reference
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     assert rollout.seq_kl.abs().max() > 1e-3
     torch.testing.assert_close(rollout.rewards, rollout.scores - 0.5 * rollout.seq_kl)
     grouped = rollout.rewards.view(2, 4)
@@ -249,7 +249,7 @@ def _rollout_with_kl(tmp_path, make_model, tokenizer, digit_dataset, **options):
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, beta=0.5, max_grad_norm=0.0, **options),
                           train_dataset=digit_dataset, processing_class=tokenizer)
     trainer.collector.reference = make_model(seed=1)  # a reference unlike the policy, so that the KL is not zero
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     return trainer, rollout
 
 
@@ -306,7 +306,7 @@ def test_stop_strings_stop_tokens_and_truncation_shaping(tmp_path, make_model, t
                    mask_truncated_completions=True, per_device_train_batch_size=32)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     assert trainer.sampler.eos_token_ids == [tokenizer.eos_token_id, stop_token]
-    rollout, samples = trainer.collect([digit_dataset[i] for i in range(8)])
+    rollout, samples = trainer.collector.collect([digit_dataset[i] for i in range(8)], trainer.global_step, trainer.episode)
     raw = torch.tensor(digit_fraction(samples.completions))
     lengths = rollout.completion_mask.sum(dim=1)
     for row, (text, ended) in enumerate(zip(samples.completions, rollout.has_eos.tolist())):
@@ -324,7 +324,7 @@ def test_reinforce_with_one_completion_per_prompt_and_normalised_rewards(tmp_pat
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     metrics = trainer.train()
     assert metrics["reward"] > 0 and metrics["reward_std"] == 0  # the raw score is logged, not the z-score
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(8)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(8)], trainer.global_step, trainer.episode)
     torch.testing.assert_close(rollout.scores.mean(), torch.tensor(0.0), atol=1e-5, rtol=0)
     torch.testing.assert_close(rollout.advantages.std(unbiased=False), torch.tensor(1.0), atol=1e-4, rtol=0)
 
@@ -339,7 +339,7 @@ def test_masked_completions_contribute_no_gradient(tmp_path, make_model, tokeniz
 
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
                           processing_class=tokenizer)
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     rollout.trained = torch.tensor([True, False, True, True, False, True, True, True])
     rollout.advantages = torch.tensor([1.0, 0.0, -1.0, 0.5, 0.0, 2.0, -0.5, -2.0])
     changed = rollout.advantages.clone()

@@ -49,7 +49,7 @@ def test_thinking_reward_through_the_trainer(tmp_path, make_model, tokenizer):
         ["<think>2+2 is 4</think>4", "<think>hmm</think>5", "4", "<think>4 never closed"],
         ["<think>a</think>x</think>6", "<think>3+3</think>6", "<think>no</think>7", "<think>6"],
     ]))
-    rollout, samples = trainer.collect([DATASET[0], DATASET[1]])
+    rollout, samples = trainer.collector.collect([DATASET[0], DATASET[1]], trainer.global_step, trainer.episode)
     # The decoded text has no think tags (they are special tokens), which is why the reward reads ids:
     # exact_match on text also credits "4", which has no reasoning block at all.
     assert samples.completions[:4] == ["2+2 is 44", "hmm5", "4", "4 never closed"]
@@ -71,7 +71,7 @@ def test_unscored_completions_get_zero_advantage_and_leave_the_baseline(tmp_path
     trainer = RLOOTrainer(make_model(), scores_digits, args=_config(tmp_path), train_dataset=DATASET,
                           processing_class=tokenizer,
                           sampler=ScriptedSampler(tokenizer, [["1", "11", "111", "abc"], ["x", "y", "1", "z"]]))
-    rollout, _ = trainer.collect([DATASET[0], DATASET[1]])
+    rollout, _ = trainer.collector.collect([DATASET[0], DATASET[1]], trainer.global_step, trainer.episode)
     # Group 1: baselines over the other *scored* completions: 1-2, 2-(1+3)/2, 3-1.5; "abc" sits out with 0.
     # Group 2: a single scored completion has nobody to compare with: all 0.
     torch.testing.assert_close(rollout.advantages, torch.tensor([-1.5, 0.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0]))
@@ -102,6 +102,6 @@ def test_unscored_completions_carry_no_loss_weight(tmp_path, make_model, tokeniz
                       max_completion_length=5, max_steps=1, save_steps=0, beta=0.0)
     trainer = RLOOTrainer(make_model(), first_of_group_unscored, args=args, train_dataset=digit_dataset,
                           processing_class=tokenizer)
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     assert rollout.trained.tolist() == [False, True, True, True] * 2
     assert rollout.advantages[[0, 4]].tolist() == [0.0, 0.0]

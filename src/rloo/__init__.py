@@ -6,6 +6,8 @@ mirrors TRL's `RLOOConfig` and `RLOOTrainer`, so a TRL script ports by changing 
 script helpers TRL exports (`TrlParser`, `ScriptArguments`, `ModelConfig`, `get_peft_config`, ...) are here too.
 """
 
+from rloo._version import __version__
+from rloo.compat.config_fields import install_trl_fields
 from rloo.compat.script_parser import TrlParser
 from rloo.compat.scripts import (
     DatasetMixtureConfig,
@@ -19,6 +21,9 @@ from rloo.compat.scripts import (
 from rloo.config import ConfigError, RLOOConfig
 from rloo.trainer import RLOOTrainer
 
-__all__ = ["RLOOConfig", "RLOOTrainer", "ConfigError", "TrlParser", "ScriptArguments", "ModelConfig",
+# TRL's field names on the config, honoured, mapped or refused by name (compat/config_fields.py): the TRL
+# layer attaches here, at the door, so that the core's config module imports nothing from it.
+install_trl_fields(RLOOConfig)
+
+__all__ = ["__version__", "RLOOConfig", "RLOOTrainer", "ConfigError", "TrlParser", "ScriptArguments", "ModelConfig",
            "DatasetMixtureConfig", "get_dataset", "get_peft_config", "get_quantization_config", "get_kbit_device_map"]
-__version__ = "0.1.0"

@@ -11,14 +11,12 @@ from typing import Any, Sequence
 
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
 
 from rloo import model_loading
-from rloo.compat import config_fields
 from rloo.config import ConfigError, RLOOConfig
 from rloo.data.schedule import PromptSchedule
-from rloo.dist import deepspeed_setup
+from rloo.dist import accelerate_internals, deepspeed_setup
 from rloo.dist.launch import check_launch
 from rloo.dist.sharding import check_supported
 from rloo.generation import FastSampler, GenerateSampler, Sampler
@@ -46,10 +44,7 @@ def build_accelerator(args: RLOOConfig) -> Accelerator:
 
 def _accelerator(args: RLOOConfig) -> Accelerator:
     mixed_precision = "bf16" if use_bf16(args) else "fp16" if args.fp16 else "no"
-    # A second trainer in one process (a notebook) may ask for other precision; accelerate keeps one
-    # process-wide state and would refuse. The precision part is reset; processes and devices stay.
-    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
-        AcceleratorState._reset_state(reset_partial_state=False)
+    accelerate_internals.reset_mixed_precision_if_changed(mixed_precision)  # a second trainer in one process
     return Accelerator(
         cpu=args.use_cpu,
         mixed_precision=mixed_precision,
@@ -125,7 +120,7 @@ def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig
             init_kwargs["quantization_config"] = quantization_config
         policy = model_loading.from_pretrained(AutoModelForCausalLM.from_pretrained, model, "model", **init_kwargs)
     else:
-        config_fields.model_init_kwargs(args, model_is_loaded=True)  # refuses kwargs that would be ignored
+        model_loading.given_init_kwargs(args, model_is_loaded=True)  # refuses kwargs that would be ignored
         policy = model
     check_causal_lm(policy)  # after loading: a reward model loads as a causal LM with a random head
     if model_loading.is_quantized(policy):

@@ -30,7 +30,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from rloo.compat import config_fields
+from rloo.config_checks import ConfigError, validate
 
 logger = logging.getLogger(__name__)
 
@@ -42,37 +42,6 @@ ALIASES: dict[str, str] = {
     "num_ppo_epochs": "num_iterations",
     "response_length": "max_completion_length",
 }
-
-LR_SCHEDULERS = (
-    "linear",
-    "cosine",
-    "cosine_with_restarts",
-    "polynomial",
-    "constant",
-    "constant_with_warmup",
-    "inverse_sqrt",
-    "cosine_with_min_lr",  # needs lr_scheduler_kwargs={"min_lr": ...} or {"min_lr_rate": ...} (TRL's name)
-)
-OPTIMIZERS = ("adamw_torch", "adamw_8bit")
-TRUNCATE_PROMPTS = ("left", "error")
-SAMPLERS = ("fast", "generate", "paged", "vllm")
-VLLM_MODES = ("colocate", "server")
-# Kept here (not imported from the math modules) so that the config imports no torch.
-ADVANTAGE_ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")
-KL_PENALTIES = ("sequence", "token", "loss")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-NAN_POLICIES = ("skip", "stop")
-REWARD_ERROR_POLICIES = ("stop", "none")
-LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-
-
-MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
-
-
-class ConfigError(ValueError):
-    """A config value is invalid. The message names the field(s) and how to fix them."""
 
 
 @dataclass
@@ -371,8 +340,6 @@ class RLOOConfig:
     are scored None by that function, a warning names the count, and `rewards/<name>/errors` logs it)."""
 
     def __post_init__(self) -> None:
-        from rloo.config_checks import validate  # here: that module imports this one
-
         validate(self)
 
     # --- derived sizes (per process) ---
@@ -405,39 +372,6 @@ class RLOOConfig:
         return dataclasses.asdict(self)
 
 
-def _accept_aliases(cls: type) -> type:
-    """Let the dataclass take TRL v0 names as keyword aliases of its canonical fields."""
-    original_init = cls.__init__
-    own_fields = {f.name for f in dataclasses.fields(cls)}
-
-    @functools.wraps(original_init)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # TRL's other field names are honoured, mapped or refused by name in config_fields (docs/trl_migration.md).
-        try:
-            ours, trl_values = config_fields.translate(resolve_aliases(kwargs), own_fields)
-        except config_fields.TRLFieldError as error:
-            raise ConfigError(str(error)) from None
-        self._trl_values = trl_values  # readable as config.<name>, e.g. push_to_hub, model_init_kwargs
-        try:
-            original_init(self, *args, **ours)
-        except ConfigError as error:
-            # A value that came in under a TRL name is reported under that name too.
-            given = [name for name in trl_values if name not in own_fields]
-            if given and not any(name in str(error) for name in given):
-                raise ConfigError(f"{error} (TRL fields given: {', '.join(given)})") from None
-            raise
-
-    def __getattr__(self: Any, name: str) -> Any:  # only called for names that are not set
-        return config_fields.trl_attribute(self, name)
-
-    cls.__init__ = __init__
-    cls.__getattr__ = __getattr__
-    for old, new in ALIASES.items():
-        setattr(cls, old, property(lambda self, new=new: getattr(self, new), doc=f"Alias of `{new}`."))
-    return cls
-
-
-RLOOConfig = _accept_aliases(RLOOConfig)
 
 
 def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:

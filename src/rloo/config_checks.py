@@ -14,29 +14,47 @@ import math
 import os
 import types
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rloo.config import (
+from rloo.algo.choices import (
     ADVANTAGE_ESTIMATORS,
     IMPORTANCE_SAMPLING_LEVELS,
     KL_ESTIMATORS,
     KL_PENALTIES,
     LOSS_AGG_MODES,
-    LR_SCHEDULERS,
-    MODEL_DTYPES,
-    NAN_POLICIES,
-    OPTIMIZERS,
-    REWARD_ERROR_POLICIES,
     SAMPLER_CORRECTION_MODES,
-    SAMPLERS,
-    TRUNCATE_PROMPTS,
-    VLLM_MODES,
-    ConfigError,
-    RLOOConfig,
 )
 from rloo.run.trackers import check_report_to
 
+if TYPE_CHECKING:  # annotations only: the config imports this module
+    from rloo.config import RLOOConfig
+
 logger = logging.getLogger("rloo.config")
+
+
+class ConfigError(ValueError):
+    """A config value is invalid. The message names the field(s) and how to fix them."""
+
+
+# The config's other choices (the algorithm's are in algo/choices.py).
+LR_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",  # needs lr_scheduler_kwargs={"min_lr": ...} or {"min_lr_rate": ...} (TRL's name)
+)
+OPTIMIZERS = ("adamw_torch", "adamw_8bit")
+TRUNCATE_PROMPTS = ("left", "error")
+SAMPLERS = ("fast", "generate", "paged", "vllm")
+VLLM_MODES = ("colocate", "server")
+NAN_POLICIES = ("skip", "stop")
+REWARD_ERROR_POLICIES = ("stop", "none")
+
+MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 def require(ok: bool, message: str) -> None:

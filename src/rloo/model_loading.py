@@ -20,15 +20,38 @@ DEFAULT_INIT_KWARGS = {"dtype": "auto", "trust_remote_code": False}
 
 def model_init_kwargs(args: RLOOConfig) -> dict[str, Any]:
     """`from_pretrained` keyword arguments from the config, over rloo's defaults; dtype names become
-    torch dtypes and TRL's spellings are read (`compat.config_fields.model_init_kwargs`), a quantization_config
-    dict becomes a BitsAndBytesConfig."""
-    from rloo.compat.config_fields import model_init_kwargs as trl_kwargs
-
-    kwargs = {**DEFAULT_INIT_KWARGS, **trl_kwargs(args, model_is_loaded=False)}
+    torch dtypes and TRL's spellings are read (`given_init_kwargs`), a quantization_config dict becomes a
+    BitsAndBytesConfig."""
+    kwargs = {**DEFAULT_INIT_KWARGS, **given_init_kwargs(args, model_is_loaded=False)}
     if isinstance(kwargs.get("quantization_config"), dict):
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(**kwargs["quantization_config"])
+    return kwargs
+
+
+def given_init_kwargs(args: Any, model_is_loaded: bool) -> dict[str, Any]:
+    """from_pretrained keyword arguments from TRL's `model_init_kwargs` and `trust_remote_code`.
+
+    dtype strings ("bfloat16", "float32", "auto") become what from_pretrained takes; `torch_dtype`
+    is the older name of `dtype`. Kwargs for a model that is already loaded are an error, not ignored.
+    """
+    kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
+    if "torch_dtype" in kwargs:
+        kwargs.setdefault("dtype", kwargs.pop("torch_dtype"))
+    dtype = kwargs.get("dtype")
+    if isinstance(dtype, str) and dtype != "auto":
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ConfigError(f"model_init_kwargs dtype={dtype!r} is not a torch dtype; use e.g. 'bfloat16', "
+                                f"'float32' or 'auto'.")
+        kwargs["dtype"] = getattr(torch, dtype)
+    if kwargs.get("dtype") is None:
+        kwargs.pop("dtype", None)
+    if getattr(args, "trust_remote_code", False):
+        kwargs["trust_remote_code"] = True
+    if kwargs and model_is_loaded:
+        raise ConfigError(f"model_init_kwargs / trust_remote_code ({sorted(kwargs)}) apply when the model is given "
+                            f"by name, but a loaded model was passed. Load it with these arguments yourself.")
     return kwargs
 
 

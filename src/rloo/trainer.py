@@ -32,14 +32,14 @@ from transformers import PreTrainedModel
 
 from rloo import builders
 from rloo.algo import reference_sync
-from rloo.async_rollouts import AsyncRollouts
 from rloo.config import ConfigError, RLOOConfig
 from rloo.data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
 from rloo.data.schedule import PromptSchedule, select_rows
 from rloo.dist import sharding
-from rloo.dynamic_sampling import DynamicSampler, zero_spread_message
 from rloo.generation.base import Sampler
 from rloo.rollout import Rollout, RolloutCollector, Samples
+from rloo.rollout.async_rollouts import AsyncRollouts
+from rloo.rollout.dynamic_sampling import DynamicSampler, zero_spread_message
 from rloo.run import checkpoint, evaluation, report, trainer_api
 from rloo.run.allocator import return_large_buffers_to_os
 from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics, with_trl_names
@@ -343,12 +343,8 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             return *self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
                                              self.num_rollouts), {}
         if not self.args.dynamic_sampling:
-            return *self.collect(rows), {}
+            return *self.collector.collect(rows, self.global_step, self.episode), {}
         return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)
-
-    def collect(self, rows: list[dict[str, Any]]) -> tuple[Rollout, Samples]:
-        """Steps 1-4 on one process's dataset rows: a scored, baselined rollout and its text."""
-        return self.collector.collect(rows, self.global_step, self.episode)
 
     def _log(self, window: dict[str, float], eps: float, samples: Samples, rollout: Rollout) -> dict[str, float]:
         metrics = with_trl_names({

@@ -27,6 +27,7 @@ from rloo.algo.loss import PolicyLossOutput, clipped_sequence_loss, clipped_toke
 from rloo.algo.off_policy import off_policy_sequence_mask
 from rloo.algo.prefix_logprobs import check_shared_prompt_model, shared_prompt_logprobs
 from rloo.config import RLOOConfig
+from rloo.dist import accelerate_internals
 from rloo.rollout import Rollout
 from rloo.run.metrics import step_metrics
 
@@ -113,7 +114,7 @@ class Learner:
         for index in range(args.gradient_accumulation_steps):
             micro = mini_batch.micro_batch(index * size, size, self.pad_to_multiple_of)
             is_last = index == args.gradient_accumulation_steps - 1
-            acc.gradient_state._set_sync_gradients(is_last)
+            accelerate_internals.mark_step_end(acc, is_last)
             with contextlib.nullcontext() if is_last else acc.no_sync(self.model):
                 numerators, stats = self.micro_batch_loss(micro)
                 # accelerate (or DeepSpeed's engine) divides by gradient_accumulation_steps; our

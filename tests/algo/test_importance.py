@@ -82,7 +82,7 @@ def test_trainer_measures_and_corrects_the_mismatch(tmp_path, make_model, tokeni
                       vllm_importance_sampling_correction=correction)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset,
                           processing_class=tokenizer, sampler=ShiftedLogprobSampler(tokenizer, shift))
-    rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     mask = rollout.completion_mask.bool()
     if correction:  # exp(1) > cap 2: every real token's weight is the cap; no shift: weight 1
         assert rollout.is_weights[mask].tolist() == pytest.approx([2.0 if shift else 1.0] * int(mask.sum()), rel=1e-4)
@@ -106,7 +106,7 @@ def test_weights_scale_the_policy_gradient(tmp_path, make_model, tokenizer, digi
                           vllm_importance_sampling_correction=correction)
         trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset,
                               processing_class=tokenizer, sampler=ShiftedLogprobSampler(tokenizer, -1.0))
-        rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+        rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
         trainer.learner.accumulate_gradients(rollout)
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
     assert grads[0].abs().sum() > 0

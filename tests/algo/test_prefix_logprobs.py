@@ -115,7 +115,7 @@ def test_rollout_reference_and_old_passes_share_prompts(tmp_path, make_model, to
     reference = make_model(seed=1)
     trainer.collector.reference = reference
     calls = spy_grouped(monkeypatch)
-    rollout, _ = trainer.collect(ROWS)
+    rollout, _ = trainer.collector.collect(ROWS, trainer.global_step, trainer.episode)
     policy = trainer.accelerator.unwrap_model(trainer.model)
     assert calls == [policy, reference]  # pi_old (num_iterations 2) and pi_ref, each prompt once
     batch = (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask)

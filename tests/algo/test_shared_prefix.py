@@ -65,7 +65,7 @@ def test_trainer_micro_batch_loss_is_the_same_with_the_shared_prefix_forward(tmp
                       shared_prefix_forward=True)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer)
-    rollout, _ = trainer.collect(rows)
+    rollout, _ = trainer.collector.collect(rows, trainer.global_step, trainer.episode)
     trainer.model.train()
     micro = rollout.micro_batch(2, 7)  # rows 2-8: the end of group 0, group 1, the start of group 2
 

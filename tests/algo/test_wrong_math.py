@@ -77,7 +77,7 @@ def test_rollout_log_probs_and_kl_by_hand_at_temperature(tmp_path, make_model, t
                           processing_class=tokenizer)
     reference = make_model(seed=1)
     trainer.collector.reference = reference  # unlike the policy, so that the KL is not zero
-    rollout, _ = trainer.collect(ROWS)
+    rollout, _ = trainer.collector.collect(ROWS, trainer.global_step, trainer.episode)
     policy = trainer.accelerator.unwrap_model(trainer.model)
     for row, prompt, completion in real_rows(rollout):
         old = hand_logprobs(policy, prompt, completion, 0.7)
@@ -98,7 +98,7 @@ def test_kl_loss_and_entropy_bonus_by_hand(tmp_path, make_model, tokenizer):
                           processing_class=tokenizer)
     reference = make_model(seed=1)
     trainer.collector.reference = reference
-    rollout, _ = trainer.collect(ROWS)
+    rollout, _ = trainer.collector.collect(ROWS, trainer.global_step, trainer.episode)
     rollout.advantages = torch.zeros_like(rollout.advantages)  # only the KL and entropy terms remain
     numerators, _ = trainer.learner.micro_batch_loss(rollout)
     policy = trainer.accelerator.unwrap_model(trainer.model)
@@ -115,7 +115,7 @@ def test_untrained_completions_leave_the_denominator_and_micro_batches_keep_the_
     for mode in ("token-mean", "seq-mean-token-sum"):
         trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, loss_agg_mode=mode),
                               train_dataset=Dataset.from_list(ROWS), processing_class=tokenizer)
-        rollout, _ = trainer.collect(ROWS)
+        rollout, _ = trainer.collector.collect(ROWS, trainer.global_step, trainer.episode)
         rollout.trained = torch.tensor([True, False, True, True, False, True, True, True])
         lengths = rollout.completion_mask.sum(dim=1)
         expected = lengths[rollout.trained].sum().item() if mode == "token-mean" else 6

@@ -320,14 +320,14 @@ def test_model_init_kwargs_are_resolved_for_from_pretrained(tmp_path, make_model
 
     from conftest import digit_fraction
     from rloo import RLOOTrainer
-    from rloo.compat.config_fields import TRLFieldError, model_init_kwargs
+    from rloo.model_loading import given_init_kwargs as model_init_kwargs
 
     args = RLOOConfig(model_init_kwargs={"torch_dtype": "bfloat16", "revision": "main"}, trust_remote_code=True)
     assert model_init_kwargs(args, model_is_loaded=False) == {"dtype": torch.bfloat16, "revision": "main",
                                                               "trust_remote_code": True}
-    with pytest.raises(TRLFieldError, match="loaded model"):
+    with pytest.raises(ConfigError, match="loaded model"):
         model_init_kwargs(args, model_is_loaded=True)
-    with pytest.raises(TRLFieldError, match="not a torch dtype"):
+    with pytest.raises(ConfigError, match="not a torch dtype"):
         model_init_kwargs(RLOOConfig(model_init_kwargs={"torch_dtype": "bf16"}), model_is_loaded=False)
     with pytest.raises(ConfigError, match=r"model_init_kwargs\['dtype'\]"):  # refused at construction
         RLOOConfig(model_init_kwargs={"dtype": "bf16"})

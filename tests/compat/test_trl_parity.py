@@ -232,7 +232,7 @@ def test_pad_to_multiple_of_pads_micro_batches_and_keeps_the_loss(tmp_path, make
         trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, max_steps=1, **extra),
                               train_dataset=digit_dataset, processing_class=tokenizer)
         rows = [digit_dataset[i] for i in range(2)]
-        rollout, _ = trainer.collect(rows)
+        rollout, _ = trainer.collector.collect(rows, trainer.global_step, trainer.episode)
         size = trainer.args.per_device_train_batch_size
         micro = rollout.micro_batch(0, size, trainer.learner.pad_to_multiple_of)
         widths.append(micro.prompt_ids.shape[1] + micro.completion_ids.shape[1])

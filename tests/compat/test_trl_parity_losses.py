@@ -40,7 +40,7 @@ def test_router_aux_loss_joins_the_gradient_by_hand(tmp_path, tokenizer, digit_d
                               processing_class=tokenizer)
         assert trainer.aux_loss_enabled is bool(c)
         torch.manual_seed(1)
-        rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+        rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
         trainer.optimizer.zero_grad()
         stats = trainer.learner.accumulate_gradients(rollout)
         grads[c] = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}

@@ -74,7 +74,7 @@ def test_conversational_rows_reach_rewards_as_messages(tmp_path, make_model, tok
     thinking = _thinking_tokenizer(tokenizer)
     trainer = RLOOTrainer(make_model(), record, args=_config(tmp_path, chat_template_kwargs={"enable_thinking": False}),
                           train_dataset=Dataset.from_list(rows), processing_class=thinking)
-    rollout, samples = trainer.collect(rows[:2])
+    rollout, samples = trainer.collector.collect(rows[:2], trainer.global_step, trainer.episode)
     first_prompt = thinking.decode(rollout.prompt_ids[0][rollout.prompt_mask[0].bool()])
     assert first_prompt == "user: 0+0=\nassistant: </think>"  # template and its kwargs applied
     assert seen["prompts"][0] == rows[0]["prompt"] and seen["answer"] == ["0"] * 4 + ["2"] * 4

@@ -151,7 +151,7 @@ def rloo_rewards_seen(tokenizer, model, prompts, tmp_path):
                       max_completion_length=8, beta=0.0, max_steps=1, save_steps=0, seed=0, report_to=[])
     trainer = RLOOTrainer(model, recorder, args=args, processing_class=tokenizer,
                           train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]))
-    rollout, samples = trainer.collect([{"prompt": p} for p in prompts])
+    rollout, samples = trainer.collector.collect([{"prompt": p} for p in prompts], trainer.global_step, trainer.episode)
     return recorder.calls[0], rollout
 
 

@@ -162,7 +162,7 @@ def test_config_selects_the_sampler(tmp_path, make_model, tokenizer, digit_datas
                           max_completion_length=4, max_steps=1, save_steps=0, sampler=name)
         trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
         assert type(trainer.sampler) is expected
-        rollout, _ = trainer.collect([digit_dataset[i] for i in range(2)])
+        rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
         assert rollout.completion_ids.shape[0] == 8
     with pytest.raises(ConfigError, match="sampler"):
         RLOOConfig(sampler="vllm")

@@ -99,7 +99,7 @@ def test_colocated_engine_sampling_params_parsing_and_logprobs(tmp_path, fake_vl
     args = _args(tmp_path, vllm_gpu_memory_utilization=0.5, vllm_tensor_parallel_size=1, temperature=0.7, top_k=5)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     assert isinstance(trainer.sampler, VLLMSampler)
-    rollout, samples = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, samples = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     llm = fake_vllm[0]
     assert llm.kwargs["gpu_memory_utilization"] == 0.5 and llm.kwargs["tensor_parallel_size"] == 1
     assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and "max_model_len" not in llm.kwargs
@@ -162,7 +162,7 @@ def test_colocate_without_vllm_is_a_config_error(monkeypatch):
 def test_max_model_length_reaches_the_engine(tmp_path, fake_vllm, make_model, tokenizer, digit_dataset):
     args = _args(tmp_path, vllm_max_model_length=128)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
-    trainer.collect([digit_dataset[0]])
+    trainer.collector.collect([digit_dataset[0]], trainer.global_step, trainer.episode)
     assert fake_vllm[0].kwargs["max_model_len"] == 128
 
 

@@ -57,7 +57,7 @@ def test_trainer_loads_a_reward_model_by_path_next_to_a_function(tmp_path, make_
                           processing_class=tokenizer)
     reward_model = trainer.reward_functions[0].func
     assert isinstance(reward_model, RewardModel) and reward_model.__name__ == "rm"
-    rollout, samples = trainer.collect([digit_dataset[i] for i in range(2)])
+    rollout, samples = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     expected = [_manual_score(classifier, reward_model.tokenizer, p + c)  # with the reward model's own tokenizer
                 for p, c in zip(samples.prompts, samples.completions)]
     torch.testing.assert_close(rollout.reward_columns[:, 0], torch.tensor(expected), atol=1e-5, rtol=0)

@@ -62,7 +62,7 @@ def test_plain_prompts_keep_the_tokenizers_bos_and_templated_ones_get_exactly_on
     rows = [{"prompt": f"{a}+{a}="} for a in range(4)]
     trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=adding, sampler=sampler)
-    rollout, _ = trainer.collect(rows[:2])
+    rollout, _ = trainer.collector.collect(rows[:2], trainer.global_step, trainer.episode)
     assert sampler.prompts[-1] == [adding(r["prompt"])["input_ids"] for r in rows[:2]]
     assert rollout.prompt_ids[0][rollout.prompt_mask[0].bool()].tolist() == adding("0+0=")["input_ids"]
 

@@ -69,7 +69,8 @@ def gradients(num_processes: int, rank: int, out: Path) -> dict[str, list[torch.
         trainer = RLOOTrainer(model, digit_value, args=args, train_dataset=Dataset.from_list(rows),
                               processing_class=tokenizer, sampler=PromptSeededSampler(tokenizer))
         assert trainer.accelerator.num_processes == num_processes
-        rollout, _ = trainer.collect(rows[rank * per_process : (rank + 1) * per_process])
+        own_rows = rows[rank * per_process : (rank + 1) * per_process]
+        rollout, _ = trainer.collector.collect(own_rows, trainer.global_step, trainer.episode)
         trainer.learner.accumulate_gradients(rollout)
         result[name] = [p.grad.detach().cpu().clone() for p in trainer.model.parameters()]
     return result

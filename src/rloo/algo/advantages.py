@@ -28,7 +28,8 @@ from typing import Callable
 
 import torch
 
-ADVANTAGE_ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")
+from rloo.algo.choices import ADVANTAGE_ESTIMATORS
+
 # Estimators that compare a sample with its group, so that a group of one carries no signal.
 GROUP_ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce_pp")
 GRPO_STD_EPS = 1e-4  # TRL's GRPO epsilon

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-KL_PENALTIES = ("sequence", "token", "loss")
+from rloo.algo.choices import KL_ESTIMATORS, KL_PENALTIES
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rloo.algo.choices import LOSS_AGG_MODES
 from rloo.algo.off_policy import importance_log_ratio
-
-LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @dataclass

@@ -25,8 +25,7 @@ import math
 
 import torch
 
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+from rloo.algo.choices import IMPORTANCE_SAMPLING_LEVELS, SAMPLER_CORRECTION_MODES
 
 
 def masked_sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,8 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     checkpoint on the config's eval split (its train split when there is none)."""
     from transformers import AutoTokenizer
 
-    from rloo.cli import parse_train_args, resolve_reward_func
+    from rloo.cli.parser import parse_train_args
+    from rloo.cli.rewards import resolve_reward_func
     from rloo.data.loading import load_prompt_dataset
     from rloo.run.metrics import format_value
     from rloo.trainer import RLOOTrainer

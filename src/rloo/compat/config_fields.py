@@ -14,13 +14,16 @@ whole TRL config through works; docs/trl_migration.md holds the same table in pr
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import importlib.util
 import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rloo.config import ALIASES, ConfigError, resolve_aliases
 from rloo.generation.options import GENERATION_KWARGS, engine_kwargs
 
 logger = logging.getLogger(__name__)
@@ -29,7 +32,7 @@ _SENTINEL = object()
 
 
 class TRLFieldError(ValueError):
-    """Raised by a table entry; config.py re-raises it as ConfigError (kept separate to avoid an import cycle)."""
+    """Raised by a table entry; `install_trl_fields` re-raises it as ConfigError."""
 
 
 @dataclass(frozen=True)
@@ -510,29 +513,39 @@ def trl_attribute(config: Any, name: str) -> Any:
     raise AttributeError(f"'RLOOConfig' object has no attribute '{name}'")
 
 
+def install_trl_fields(cls: type) -> type:
+    """Give rloo's RLOOConfig TRL's vocabulary: every TRL field name is honoured, mapped or refused by name
+    (`translate`), the values kept are readable as `config.<name>` (`trl_attribute`), and TRL v0's names
+    are keyword aliases of their fields. The public door (`rloo/__init__.py`) calls it once, so that the
+    config module itself knows nothing of TRL."""
+    if getattr(cls, "_trl_fields_installed", False):
+        return cls
+    original_init = cls.__init__
+    own_fields = {f.name for f in dataclasses.fields(cls)}
 
-def model_init_kwargs(args: Any, model_is_loaded: bool) -> dict[str, Any]:
-    """from_pretrained keyword arguments from TRL's `model_init_kwargs` and `trust_remote_code`.
+    @functools.wraps(original_init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # TRL's other field names are honoured, mapped or refused by name in config_fields (docs/trl_migration.md).
+        try:
+            ours, trl_values = translate(resolve_aliases(kwargs), own_fields)
+        except TRLFieldError as error:
+            raise ConfigError(str(error)) from None
+        self._trl_values = trl_values  # readable as config.<name>, e.g. push_to_hub, model_init_kwargs
+        try:
+            original_init(self, *args, **ours)
+        except ConfigError as error:
+            # A value that came in under a TRL name is reported under that name too.
+            given = [name for name in trl_values if name not in own_fields]
+            if given and not any(name in str(error) for name in given):
+                raise ConfigError(f"{error} (TRL fields given: {', '.join(given)})") from None
+            raise
 
-    dtype strings ("bfloat16", "float32", "auto") become what from_pretrained takes; `torch_dtype`
-    is the older name of `dtype`. Kwargs for a model that is already loaded are an error, not ignored.
-    """
-    import torch
+    def __getattr__(self: Any, name: str) -> Any:  # only called for names that are not set
+        return trl_attribute(self, name)
 
-    kwargs = dict(getattr(args, "model_init_kwargs", None) or {})
-    if "torch_dtype" in kwargs:
-        kwargs.setdefault("dtype", kwargs.pop("torch_dtype"))
-    dtype = kwargs.get("dtype")
-    if isinstance(dtype, str) and dtype != "auto":
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise TRLFieldError(f"model_init_kwargs dtype={dtype!r} is not a torch dtype; use e.g. 'bfloat16', "
-                                f"'float32' or 'auto'.")
-        kwargs["dtype"] = getattr(torch, dtype)
-    if kwargs.get("dtype") is None:
-        kwargs.pop("dtype", None)
-    if getattr(args, "trust_remote_code", False):
-        kwargs["trust_remote_code"] = True
-    if kwargs and model_is_loaded:
-        raise TRLFieldError(f"model_init_kwargs / trust_remote_code ({sorted(kwargs)}) apply when the model is given "
-                            f"by name, but a loaded model was passed. Load it with these arguments yourself.")
-    return kwargs
+    cls.__init__ = __init__
+    cls.__getattr__ = __getattr__
+    for old, new in ALIASES.items():
+        setattr(cls, old, property(lambda self, new=new: getattr(self, new), doc=f"Alias of `{new}`."))
+    cls._trl_fields_installed = True
+    return cls

@@ -46,16 +46,20 @@ class TrlParser(HfArgumentParser):
                                  f"the YAML file (--config); rename the field.")
         self._names: dict[type, set[str]] = {}  # the parsed names that build each dataclass
         super().__init__(dataclass_types, **kwargs)
-        from rloo.cli import add_trl_field_flags
+        from rloo.cli.parser import add_trl_field_flags
 
         for dataclass_type in self.dataclass_types:  # after every dataclass, so no TRL name shadows a field
             if issubclass(dataclass_type, RLOOConfig):
                 taken = {action.dest for action in self._actions}
                 self._names[dataclass_type] |= add_trl_field_flags(self, taken)
 
+    # HfArgumentParser's per-dataclass hook is private; it is the one place that decides each dataclass's flags
+    # (TRL's own TrlParser subclasses HfArgumentParser the same way). RLOOConfig takes `rloo train`'s flags here;
+    # other dataclasses get transformers' flags plus the docstrings rloo writes under its fields. The only
+    # private API this module touches.
     def _add_dataclass_arguments(self, dtype: Any) -> None:
         if issubclass(dtype, RLOOConfig):
-            from rloo.cli import add_config_flags
+            from rloo.cli.parser import add_config_flags
 
             self._names[dtype] = add_config_flags(self, dtype)
             return

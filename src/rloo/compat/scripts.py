@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo.compat import trl_flags
-from rloo.config import MODEL_DTYPES, ConfigError
+from rloo.config_checks import MODEL_DTYPES, ConfigError
 
 logger = logging.getLogger(__name__)
 

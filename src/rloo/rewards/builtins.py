@@ -4,7 +4,7 @@
 Completions are strings for standard prompts and `[{"role": "assistant", "content": text}]` for
 conversational ones; every built-in accepts both. `BUILTIN_REWARDS` holds the ready-made functions
 (`--reward_funcs exact_match`); `BUILTIN_REWARD_FACTORIES` the ones configured with arguments
-(`--reward_funcs length_penalty:target_length=128`; see `rloo.cli.resolve_reward_func`).
+(`--reward_funcs length_penalty:target_length=128`; see `rloo.cli.rewards.resolve_reward_func`).
 """
 
 from __future__ import annotations
@@ -13,19 +13,14 @@ import concurrent.futures
 import re
 from typing import Any, Callable
 
-from rloo.data.prompts import render_prompt
 from rloo.rewards.gsm8k import gsm8k_accuracy, gsm8k_format, gsm8k_thinking_accuracy
 from rloo.rewards.sandbox import run_tests
+from rloo.rewards.thinking import normalize_answer, thinking_answer_reward
 
 
 def completion_text(completion: Any) -> str:
     """The text of a completion: the string itself, or the last message's content."""
     return completion[-1]["content"] if isinstance(completion, list) else completion
-
-
-def _normalize(text: str) -> str:
-    """Light normalisation: trim, collapse white space, drop a trailing period, lower-case."""
-    return re.sub(r"\s+", " ", str(text)).strip().rstrip(".").strip().lower()
 
 
 def exact_match(completions: list, answer: list, **kwargs) -> list[float]:
@@ -36,7 +31,7 @@ def exact_match(completions: list, answer: list, **kwargs) -> list[float]:
     Example: exact_match(["  42. "], answer=["42"]) == [1.0]. Conversational completions
     (lists of messages) are compared by their last message's content.
     """
-    return [float(_normalize(completion_text(c)) == _normalize(a)) for c, a in zip(completions, answer)]
+    return [float(normalize_answer(completion_text(c)) == normalize_answer(a)) for c, a in zip(completions, answer)]
 
 
 def math_accuracy(completions: list, answer: list, **kwargs) -> list[float | None]:
@@ -73,60 +68,6 @@ def think_format(completions: list, **kwargs) -> list[float]:
     Example: think_format(["<think>2+2 is 4</think> 4", "4", "<think>no end"]) == [1.0, 0.0, 0.0]
     """
     return [float(bool(_THINK_FORMAT.match(completion_text(c)))) for c in completions]
-
-
-def thinking_answer_reward(tokenizer: Any, think_end_token: str = "</think>", unclosed_reward: float = 0.0,
-                           score: Callable[[str, str], float] | None = None,
-                           chat_template_kwargs: dict[str, Any] | None = None,
-                           think_start_token: str = "<think>") -> Callable[..., list[float]]:
-    """A reward that scores only what follows the reasoning, found by the `</think>` token id.
-
-    The id is looked up in `tokenizer` (151668 for Qwen3; no hard-coded ids), and a tokenizer
-    without that token is an error here, at construction. For each completion the reward finds
-    the *last* `</think>` id in `completion_ids`, decodes the tokens after it as the answer, and
-    returns `score(answer_text, answer)` (default: 1.0 on a normalised exact match). A completion
-    without a closed think block gets `unclosed_reward`.
-
-    A prompt may close the think block itself: Qwen3's template with `enable_thinking=False` ends the
-    prompt with `<think>\n\n</think>`. The reward renders each prompt as the policy saw it (the
-    chat template with `chat_template_kwargs`: pass the trainer's `RLOOConfig.chat_template_kwargs`;
-    the CLI does) and, when its last think tag is `think_end_token`, a completion without one is all
-    answer.
-
-    Example:
-        >>> reward = thinking_answer_reward(tokenizer)
-        >>> ids = tokenizer("<think>2+2 is 4</think>4", add_special_tokens=False)["input_ids"]
-        >>> reward(completion_ids=[ids], answer=["4"])
-        [1.0]
-    """
-    think_end_id = tokenizer.get_vocab().get(think_end_token)
-    if think_end_id is None:
-        raise ValueError(f"the tokenizer has no {think_end_token!r} token, so thinking_answer_reward cannot find "
-                         f"where the reasoning ends. Use a tokenizer with thinking tokens (e.g. Qwen3) or pass "
-                         f"think_end_token=<its end-of-reasoning token>.")
-    score = score or (lambda text, gold: float(_normalize(text) == _normalize(gold)))
-
-    def closed_by_prompt(prompt: Any) -> bool:
-        """Whether the prompt, rendered as the policy saw it, ends its think block itself."""
-        text = render_prompt(prompt, tokenizer, chat_template_kwargs)
-        end, start = text.rfind(think_end_token), text.rfind(think_start_token)
-        return end >= 0 and end > start
-
-    def thinking_answer(completion_ids: list, answer: list, prompts: list | None = None, **kwargs) -> list[float]:
-        rewards = []
-        closed = [closed_by_prompt(p) for p in prompts] if prompts is not None else [False] * len(answer)
-        for ids, gold, prompt_closed in zip(completion_ids, answer, closed):
-            ids = list(ids)
-            if think_end_id not in ids and not prompt_closed:
-                rewards.append(unclosed_reward)
-                continue
-            boundary = len(ids) - 1 - ids[::-1].index(think_end_id) if think_end_id in ids else -1  # the last </think>
-            text = tokenizer.decode(ids[boundary + 1 :], skip_special_tokens=True)
-            rewards.append(float(score(text, gold)))
-        return rewards
-
-    thinking_answer.think_end_id = think_end_id
-    return thinking_answer
 
 
 def length_penalty(target_length: int, scale: float | None = None) -> Callable[..., list[float]]:

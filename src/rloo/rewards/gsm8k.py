@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from rloo.rewards.thinking import thinking_answer_reward
+
 _NUMBER = r"-?\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # 1,000 groups thousands; "1,8" is two numbers
 _HASHES = re.compile(r"####\s*(" + _NUMBER + ")")
 _BOXED = re.compile(r"\\boxed\{\s*(" + _NUMBER + r")\s*\}")
@@ -110,8 +112,6 @@ def gsm8k_thinking_accuracy(tokenizer: Any, think_end_token: str = "</think>",
         >>> reward(completion_ids=[ids], answer=["21"])
         [1.0]
     """
-    from rloo.rewards.builtins import thinking_answer_reward
-
     reward = thinking_answer_reward(tokenizer, think_end_token=think_end_token, score=gsm8k_score,
                                     chat_template_kwargs=chat_template_kwargs)
     reward.__name__ = "gsm8k_thinking_accuracy"

@@ -24,6 +24,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl
 from transformers.trainer_utils import TrainOutput as _TrainOutput
 
+from rloo._version import __version__
 from rloo.config import ConfigError
 from rloo.generation.base import Sampler
 from rloo.rewards.reward_model import RewardModel
@@ -202,8 +203,6 @@ def named_eval_sets(eval_dataset: Any) -> list[tuple[str | None, Any]]:
 def write_model_card(output_dir: str | Path, args: Any, model_name: str | None, dataset_name: str | None = None,
                      tags: Sequence[str] = ()) -> Path:
     """README.md in `output_dir`: Hub metadata, how the model was trained, and how to cite RLOO."""
-    import rloo
-
     front = ["---", "library_name: transformers", "tags:", *(f"- {t}" for t in ("rloo", "reinforcement-learning",
                                                                                *tags))]
     if model_name:
@@ -216,7 +215,7 @@ def write_model_card(output_dir: str | Path, args: Any, model_name: str | None, 
         f"# {Path(output_dir).name}",
         "",
         f"Trained from `{model_name or 'a local model'}` with RLOO (REINFORCE Leave-One-Out) using "
-        f"[rloo](https://pypi.org/project/rloo/) {rloo.__version__}"
+        f"[rloo](https://pypi.org/project/rloo/) {__version__}"
         + (f" on `{dataset_name}`." if dataset_name else "."),
         "",
         "## Training",

@@ -8,8 +8,8 @@ import torch
 
 from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.dynamic_sampling import DynamicSampler, concat_rollouts, select_rows_of
 from rloo.rollout import Rollout
+from rloo.rollout.dynamic_sampling import DynamicSampler, concat_rollouts, select_rows_of
 
 
 def _rollout(prompt_width, completion_width, start):

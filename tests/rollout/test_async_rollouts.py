@@ -9,9 +9,9 @@ import torch
 
 from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.async_rollouts import AsyncRollouts, RolloutTimeout
 from rloo.config import ConfigError
 from rloo.generation import FastSampler
+from rloo.rollout.async_rollouts import AsyncRollouts, RolloutTimeout
 
 
 def _config(tmp_path, **overrides):
