@@ -294,7 +294,7 @@ def test_kept_trl_values_are_readable_and_settable():
 def test_migration_doc_names_every_field():
     from pathlib import Path
 
-    from rloo.compat.trl_flags import TRLScriptArguments
+    from rloo.cli.parser import TRLScriptFlags as TRLScriptArguments
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "trl_migration.md").read_text()
     names = set(TRL_1_16_DEFAULTS) | set(TRL_FIELDS) | {f.name for f in dataclasses.fields(TRLScriptArguments)}

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import yaml
 
 from rloo.compat import config_fields, trl_flags
+from rloo.compat.scripts import DatasetMixtureConfig, ModelConfig, RLOOScriptArguments
 from rloo.config import ALIASES, ConfigError, RLOOConfig, field_docs
 from rloo.config_checks import check_field_types
 
@@ -76,7 +77,7 @@ def _parse_mapping(text: str) -> dict:
 
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
     group = parser.add_argument_group(title)
-    docs = field_docs(cls)
+    docs = getattr(cls, "flag_docs", None) or field_docs(cls)
     for f, hint in ((f, _field_types(cls)[f.name]) for f in dataclasses.fields(cls)):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "help": f"{docs.get(f.name, '')} (default: {default!r})"}
@@ -117,6 +118,32 @@ class _OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"rloo: error: {message} (`{self.prog} --help` lists every flag)\n")
 
 
+def _trl_script_flags() -> type:
+    """TRL's script flags that `rloo train` reads besides its own (TrainInputs), each None unless given: the
+    fields of TRL's script dataclasses as compat/scripts.py declares them (once, there), with their docs."""
+    own = {f.name for f in dataclasses.fields(TrainInputs)}
+    fields: list[tuple[str, Any, Any]] = []
+    docs: dict[str, str] = {}
+    for cls in (RLOOScriptArguments, ModelConfig, DatasetMixtureConfig, trl_flags.RetiredTRLFlags):
+        hints = typing.get_type_hints(cls)
+        cls_docs = {k: v for base in reversed(cls.__mro__) if dataclasses.is_dataclass(base)
+                    for k, v in field_docs(base).items()}
+        for f in dataclasses.fields(cls):
+            if f.name in own or f.name in docs:
+                continue
+            # A mixture's `datasets` are mappings in YAML; as a flag it is refused, so it is read as words.
+            hint = list[str] if f.name == "datasets" else hints[f.name]
+            fields.append((f.name, hint | None, dataclasses.field(default=None)))
+            refused = trl_flags.REFUSED.get(f.name)
+            docs[f.name] = cls_docs.get(f.name, "") + (f" Refused by rloo train: {refused}." if refused else "")
+    flags = dataclasses.make_dataclass("TRLScriptFlags", fields)
+    flags.flag_docs = docs
+    return flags
+
+
+TRLScriptFlags = _trl_script_flags()
+
+
 def build_train_parser() -> argparse.ArgumentParser:
     parser = _OneLineErrors(
         prog="rloo train",
@@ -129,9 +156,9 @@ def build_train_parser() -> argparse.ArgumentParser:
                         help="A checkpoint directory to resume from, or 'latest' for the newest in output_dir.")
     _add_dataclass_flags(parser, TrainInputs, "what to train")
     add_config_flags(parser, RLOOConfig)
-    _add_dataclass_flags(parser, trl_flags.TRLScriptArguments, "TRL script flags (trl rloo)")
+    _add_dataclass_flags(parser, TRLScriptFlags, "TRL script flags (trl rloo)")
     # TRL's `debug` (transformers' debug modes) is refused anyway; --debug is rloo's traceback switch.
-    taken = {f.name for f in dataclasses.fields(trl_flags.TRLScriptArguments)} | {"resume_from_checkpoint", "debug"}
+    taken = {f.name for f in dataclasses.fields(TRLScriptFlags)} | {"resume_from_checkpoint", "debug"}
     add_trl_field_flags(parser, taken)
     return parser
 
@@ -171,7 +198,7 @@ def add_trl_field_flags(parser: argparse.ArgumentParser, taken: set[str]) -> set
 def _check_keys(values: dict[str, Any], source: str) -> None:
     known = {f.name for f in dataclasses.fields(RLOOConfig)} | {f.name for f in dataclasses.fields(TrainInputs)}
     known |= set(ALIASES) | {"resume_from_checkpoint"} | set(config_fields.TRL_FIELDS)
-    known |= {f.name for f in dataclasses.fields(trl_flags.TRLScriptArguments)}
+    known |= {f.name for f in dataclasses.fields(TRLScriptFlags)}
     for key in values:
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
@@ -199,9 +226,9 @@ def parse_train_args(argv: Sequence[str]) -> tuple[TrainInputs, RLOOConfig, str 
     values.update({k: v for k, v in flags.items() if v is not None or k != "resume_from_checkpoint"})
     resume = values.pop("resume_from_checkpoint", None)
     script_names = {f.name for f in dataclasses.fields(TrainInputs)}
-    trl_names = {f.name for f in dataclasses.fields(trl_flags.TRLScriptArguments)}
+    trl_names = {f.name for f in dataclasses.fields(TRLScriptFlags)}
     script = TrainInputs(**{k: v for k, v in values.items() if k in script_names})
-    script.trl_flags = trl_flags.TRLScriptArguments(**{k: v for k, v in values.items() if k in trl_names})
+    script.trl_flags = TRLScriptFlags(**{k: v for k, v in values.items() if k in trl_names})
     config_values = {k: v for k, v in values.items() if k not in script_names | trl_names}
     script.trainer_kwargs = trl_flags.apply(script.trl_flags, script, config_values)  # may add model_init_kwargs
     check_field_types(script)

@@ -45,6 +45,14 @@ class ScriptArguments:
 
 
 @dataclass
+class RLOOScriptArguments(ScriptArguments):
+    """The arguments of TRL's `trl rloo` script: ScriptArguments and a reward model."""
+
+    reward_model_name_or_path: str | None = None
+    """A reward model (AutoModelForSequenceClassification, num_labels=1) scored beside the reward functions."""
+
+
+@dataclass
 class ModelConfig:
     """How the policy is loaded and adapted (TRL's ModelConfig): the same names and defaults."""
 

@@ -1,5 +1,5 @@
-"""The flags of TRL's `trl rloo` script (its ScriptArguments, ModelConfig and DatasetMixtureConfig)
-that are not already rloo's, for `rloo train`.
+"""What `rloo train` does with the flags of TRL's `trl rloo` script that are not already its own: the
+fields of TRL's script dataclasses, declared once in compat/scripts.py (cli/parser.py turns them into flags).
 
 Each is honoured (mapped onto what rloo does with the same meaning) or refused with the flag to use
 instead. TRL's RLOOConfig fields are flags too; they go through the config's own mapping
@@ -15,54 +15,9 @@ from rloo.config import ConfigError
 
 
 @dataclass
-class TRLScriptArguments:
-    """TRL script flags; all default to "not given"."""
+class RetiredTRLFlags:
+    """A flag older TRL scripts took that TRL's dataclasses no longer declare; refused (REFUSED)."""
 
-    dataset_train_split: str | None = None
-    """TRL's name of --dataset_split."""
-    dataset_test_split: str | None = None
-    """Split evaluated when eval_strategy is not "no" (TRL's default is "test"); rloo's --eval_split also works."""
-    reward_model_name_or_path: str | None = None
-    """A reward model (AutoModelForSequenceClassification, num_labels=1), scored before --reward_funcs."""
-    model_revision: str | None = None
-    """Revision (branch, tag or commit) of the model to load."""
-    dtype: str | None = None
-    """dtype the model is loaded in: "auto", "bfloat16", "float16", "float32"."""
-    attn_implementation: str | None = None
-    """Attention implementation passed to from_pretrained, e.g. "sdpa" or "eager"."""
-    trust_remote_code: bool | None = None
-    """Allow the model's own code from the Hub (also an RLOOConfig field in TRL)."""
-    lora_task_type: str | None = None
-    """LoRA task type; rloo trains causal LMs, so only "CAUSAL_LM"."""
-    use_rslora: bool | None = None
-    """Rank-stabilised LoRA (scale alpha / sqrt(r))."""
-    use_dora: bool | None = None
-    """Weight-decomposed LoRA (DoRA)."""
-    lora_modules_to_save: list[str] | None = None
-    """Modules trained in full besides the adapters (e.g. lm_head)."""
-    lora_target_parameters: list[str] | None = None
-    """Parameters (not modules) that get LoRA adapters, e.g. MoE experts."""
-    load_in_4bit: bool | None = None
-    """Load the policy in 4 bits with bitsandbytes (QLoRA; needs a CUDA GPU and --use_peft)."""
-    load_in_8bit: bool | None = None
-    """Load the policy in 8 bits with bitsandbytes (needs a CUDA GPU and --use_peft)."""
-    bnb_4bit_quant_type: str | None = None
-    """4-bit quantisation type: "nf4" or "fp4"."""
-    use_bnb_nested_quant: bool | None = None
-    """Quantise the 4-bit quantisation constants too."""
-    bnb_4bit_quant_storage: str | None = None
-    """Storage dtype of the 4-bit weights."""
-    # Refused below with what to use instead.
-    dataset_streaming: bool | None = None
-    """Refused: rloo loads the dataset; an IterableDataset with max_steps works from Python."""
-    datasets: list[str] | None = None
-    """Refused: dataset mixtures are not supported; use --dataset_name."""
-    streaming: bool | None = None
-    """Refused: see --dataset_streaming."""
-    test_split_size: float | None = None
-    """Refused: split the dataset beforehand and use --eval_split."""
-    ignore_bias_buffers: bool | None = None
-    """Refused: a DDP setting; configure distributed runs with accelerate."""
     gradient_checkpointing_use_reentrant: bool | None = None
     """Refused: rloo enables gradient checkpointing with transformers' defaults."""
 
@@ -79,7 +34,7 @@ REFUSED = {
 }
 
 
-def apply(trl: TRLScriptArguments, script: Any, config_values: dict[str, Any]) -> dict[str, Any]:
+def apply(trl: Any, script: Any, config_values: dict[str, Any]) -> dict[str, Any]:
     """Fold the TRL flags into rloo's script arguments (in place) and config values; return the
     extra keyword arguments for RLOOTrainer (quantization_config)."""
     for name, instead in REFUSED.items():
@@ -97,8 +52,6 @@ def apply(trl: TRLScriptArguments, script: Any, config_values: dict[str, Any]) -
             init.setdefault(key, getattr(trl, flag))
     if init:
         config_values["model_init_kwargs"] = init
-    if trl.trust_remote_code is not None:
-        config_values["trust_remote_code"] = trl.trust_remote_code
     check_lora_task_type(trl.lora_task_type)
     return {"quantization_config": quantization_config(trl, script)}
 
