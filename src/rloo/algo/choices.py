@@ -1,6 +1,6 @@
 """The algorithm's choices, declared once: the math modules dispatch on them and the config checks them.
 
-Plain tuples of names (no torch), so that the config and its checks can read them cheaply.
+Plain tuples of names; `config_checks` validates the config's fields against them.
 """
 
 ADVANTAGE_ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")
