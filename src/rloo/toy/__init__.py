@@ -22,7 +22,7 @@ This package re-exports the names the tests, benchmarks and docs use; the rest (
 tokens, the warm start's calibrated defaults) live in the submodules.
 """
 
-from rloo.toy.evaluation import greedy_accuracy, greedy_completions
+from rloo.toy.greedy_accuracy import greedy_accuracy, greedy_completions
 from rloo.toy.models import build_tiny_model
 from rloo.toy.tasks import addition_dataset, addition_split, char_match_reward, exact_match_reward, reverse_dataset
 from rloo.toy.tokenizer import CHARACTERS, CHAT_TEMPLATE, build_char_tokenizer

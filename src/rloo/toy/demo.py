@@ -22,7 +22,7 @@ import torch
 from rloo.config import RLOOConfig
 from rloo.rewards import exact_match
 from rloo.run.run_dir import previous_run_files
-from rloo.toy.evaluation import greedy_accuracy
+from rloo.toy.greedy_accuracy import greedy_accuracy
 from rloo.toy.tasks import addition_split
 from rloo.toy.warm_start import ADDITION_NUM_EVAL, warm_started_addition_model
 from rloo.trainer import RLOOTrainer

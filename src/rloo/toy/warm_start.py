@@ -24,7 +24,7 @@ from datasets import Dataset
 from rloo.algo.logprobs import position_ids_from_mask
 from rloo.data.prompts import tokenize_prompts
 from rloo.generation import left_pad
-from rloo.toy.evaluation import greedy_accuracy
+from rloo.toy.greedy_accuracy import greedy_accuracy
 from rloo.toy.models import build_tiny_model, set_generation_ids
 from rloo.toy.tasks import addition_split
 from rloo.toy.tokenizer import build_char_tokenizer
