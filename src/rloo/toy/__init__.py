@@ -10,7 +10,7 @@ No Hugging Face Hub access is needed. The toy sits outside the core: nothing in 
 - `tasks`: synthetic tasks with verifiable answers (`addition_dataset`, `addition_split`,
   `reverse_dataset`) and their rewards: `exact_match_reward` (the built-in
   `rloo.rewards.exact_match`) and the dense `char_match_reward`.
-- `evaluation`: greedy completions and accuracy (`greedy_completions`, `greedy_accuracy`),
+- `greedy_accuracy`: greedy completions and accuracy (`greedy_completions`, `greedy_accuracy`),
   decoded by `rloo.generation.FastSampler` with sampling off.
 - `warm_start`: a short supervised warm start (`supervised_warm_start`) and
   `warm_started_addition_model`, a cached warm-started model for two-digit addition whose
