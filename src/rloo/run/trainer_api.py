@@ -274,7 +274,6 @@ class TrainerAPI:
         self.aux_loss_enabled = self.learner.aux_loss_coef > 0
         self._logs = trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled at each log
 
-
     def _log_closing(self, runtime: float, episodes: int, steps: int) -> dict[str, float]:
         """The entry transformers' Trainer closes log_history with (train_runtime, train_samples_per_second,
         train_steps_per_second, train_loss, epoch); it reaches callbacks' on_log but not rloo's metric files.
@@ -300,14 +299,12 @@ class TrainerAPI:
         """Passes over the training prompts so far (fractional), as TrainerState.epoch counts them."""
         return self.episode / (self.args.num_generations * max(len(self.train_dataset), 1))
 
-
     def get_train_dataloader(self) -> Any:
         """transformers' Trainer API for callbacks and scripts: this process's prompts in the order rloo trains
         on them, one rollout's prompts per batch (the loop itself reads the schedule, not this loader)."""
         order = ScheduleOrder(lambda r: self.schedule.rows(r, self.accelerator.process_index),
-                                          self.num_rollouts, self.args.prompts_per_rollout)
-        return prompt_loader(self.train_dataset, order, self.args.prompts_per_rollout,
-                                         self.args.dataloader_num_workers)
+                              self.num_rollouts, self.args.prompts_per_rollout)
+        return prompt_loader(self.train_dataset, order, self.args.prompts_per_rollout, self.args.dataloader_num_workers)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """transformers' Trainer API: the eval prompts in the batches evaluate() samples them (a streamed set
@@ -321,7 +318,6 @@ class TrainerAPI:
         rows = named_eval_sets(eval_dataset)[0][1]
         num_generations = self.args.num_generations_eval or self.args.num_generations
         return prompt_loader(rows, None, self._eval_prompts_per_batch(num_generations), workers)
-
 
     def save_model(self, output_dir: str | None = None) -> None:
         """Save the policy (or its adapters under LoRA) and the tokenizer with save_pretrained."""
@@ -337,7 +333,7 @@ class TrainerAPI:
                           tags: Sequence[str] | None = None, output_dir: str | None = None) -> Path:
         """Write README.md (Hub metadata, training settings, citation) next to the saved model."""
         return write_model_card(output_dir or self.args.output_dir, self.args, model_name or self.model_name,
-                                            dataset_name, tags or ())
+                                dataset_name, tags or ())
 
     def push_to_hub(self, commit_message: str = "End of training", dataset_name: str | None = None,
                     token: str | None = None, revision: str | None = None, **_: Any) -> str:
@@ -346,7 +342,7 @@ class TrainerAPI:
         self.save_model(self.args.output_dir)
         self.create_model_card(dataset_name=dataset_name)
         return push_to_hub(self.args.output_dir, self.hub_model_id, token or self.args.hub_token,
-                                       self.args.hub_private_repo, revision or self.args.hub_revision, commit_message)
+                           self.args.hub_private_repo, revision or self.args.hub_revision, commit_message)
 
 
 def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any) -> Any:
