@@ -16,7 +16,9 @@ so that one file documents every option); the checks live in `config_checks`.
 
 The config fails loudly on bad values and never rewrites what the user gave. The names that
 TRL v0 and the seed scripts use (`kl_coef`, `rloo_k`, `cliprange`, `num_ppo_epochs`,
-`response_length`) are accepted as keyword aliases of the canonical fields.
+`response_length`) are keyword aliases of the canonical fields, and TRL's other field names are honoured,
+mapped or refused by name: both are installed on the class at the public door (`rloo/__init__.py`, from
+`compat/config_fields.install_trl_fields`), so this module imports nothing from the TRL layer.
 """
 
 from __future__ import annotations
@@ -370,8 +372,6 @@ class RLOOConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
 
 
 def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def given_init_kwargs(args: Any, model_is_loaded: bool) -> dict[str, Any]:
     if isinstance(dtype, str) and dtype != "auto":
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ConfigError(f"model_init_kwargs dtype={dtype!r} is not a torch dtype; use e.g. 'bfloat16', "
-                                f"'float32' or 'auto'.")
+                              f"'float32' or 'auto'.")
         kwargs["dtype"] = getattr(torch, dtype)
     if kwargs.get("dtype") is None:
         kwargs.pop("dtype", None)
@@ -51,7 +51,7 @@ def given_init_kwargs(args: Any, model_is_loaded: bool) -> dict[str, Any]:
         kwargs["trust_remote_code"] = True
     if kwargs and model_is_loaded:
         raise ConfigError(f"model_init_kwargs / trust_remote_code ({sorted(kwargs)}) apply when the model is given "
-                            f"by name, but a loaded model was passed. Load it with these arguments yourself.")
+                          f"by name, but a loaded model was passed. Load it with these arguments yourself.")
     return kwargs
 
 
