@@ -199,6 +199,11 @@ def _check_off_policy(c: RLOOConfig) -> None:
     require(not c.async_rollouts or (c.sampler in ("fast", "generate") and not c.dynamic_sampling),
             f"async_rollouts runs the sampler in a thread of the training process: it needs sampler 'fast' or "
             f"'generate' (got {c.sampler!r}) and dynamic_sampling off (got {c.dynamic_sampling}).")
+    require(isinstance(c.max_staleness, int) and c.max_staleness >= 1,
+            f"max_staleness must be an integer >= 1 (rollouts the sampler may run ahead), got {c.max_staleness!r}.")
+    require(c.max_staleness == 1 or c.async_rollouts,
+            f"max_staleness={c.max_staleness} bounds how far asynchronous rollouts run ahead; it needs "
+            f"async_rollouts=True (the synchronous loop is always on-policy). Set async_rollouts or drop max_staleness.")
     require(c.async_rollout_timeout > 0, f"async_rollout_timeout must be > 0 seconds, got {c.async_rollout_timeout!r}.")
     require(not (c.dynamic_sampling and c.num_generations < 2),
             "dynamic_sampling keeps groups whose completions' rewards differ; with num_generations=1 no group can. "

@@ -122,7 +122,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                                           self.tokenizer, self.sampler, self.reward_functions, self.reward_weights)
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
         self.dynamic_sampler = DynamicSampler(args, acc, self.collector, train_dataset, self.tokenizer.pad_token_id)
-        self.async_rollouts: AsyncRollouts | None = None  # the sampler one rollout ahead, started by train()
+        self.async_rollouts: AsyncRollouts | None = None  # the sampler running ahead, started by train()
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step, self.episode = 0, 0
         self._evaluated_at, self._last_eval, self._reported_zero_spread = -1, {}, False
@@ -191,7 +191,8 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         """
         with StopSignals() as self._signals:
             if self.args.async_rollouts:
-                self.async_rollouts = AsyncRollouts(self.collector, self.args.async_rollout_timeout)
+                self.async_rollouts = AsyncRollouts(self.collector, self.args.async_rollout_timeout,
+                                                    self.args.max_staleness)
             try:
                 return self._train(resume_from_checkpoint)
             finally:
@@ -339,9 +340,9 @@ class RLOOTrainer(trainer_api.TrainerAPI):
     def _collect_rollout(self, rows: list[dict[str, Any]], rollout_index: int
                          ) -> tuple[Rollout, Samples, dict[str, float]]:
         """Steps 1-4, with dynamic sampling's extra rounds when it is on (and its metrics)."""
-        if self.async_rollouts is not None:  # the sampler thread, one rollout ahead
-            return *self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
-                                             self.num_rollouts), {}
+        if self.async_rollouts is not None:  # the sampler, up to max_staleness rollouts ahead
+            return self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
+                                            self.num_rollouts)
         if not self.args.dynamic_sampling:
             return *self.collector.collect(rows, self.global_step, self.episode), {}
         return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)

@@ -23,7 +23,8 @@ def test_lora_reference_is_the_base_model_with_adapters_disabled(tmp_path, make_
 
     rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     # LoRA B starts at zero: policy == reference, so the KL is exactly zero at first.
-    torch.testing.assert_close(rollout.seq_kl, torch.zeros(8), atol=1e-6, rtol=0)
+    # (to float32 precision: a sum of per-token log-prob differences, each computed in its own forward)
+    torch.testing.assert_close(rollout.seq_kl, torch.zeros(8), atol=1e-5, rtol=0)
     trainer.train()
     rollout, _ = trainer.collector.collect([digit_dataset[i] for i in range(2)], trainer.global_step, trainer.episode)
     assert rollout.seq_kl.abs().max() > 1e-4  # adapters moved the policy away from the frozen base

@@ -1,33 +1,41 @@
-"""Asynchronous rollouts: generate rollout n+1 while the learner trains on rollout n.
+"""Asynchronous rollouts: generate the next rollouts while the learner trains on this one.
 
 With `async_rollouts`, a sampler owns a snapshot of the policy's weights (a copy of the unwrapped
 model, no grad) and runs steps 1-4 of the loop (`RolloutCollector.collect`: sample, score, pi_old,
 advantages) on it: on CPU a forked process with the snapshot in shared memory, so that it runs on its
-own core; on an accelerator a thread of the training process. The trainer's loop, one rollout ahead:
+own core; on an accelerator a thread of the training process. With `max_staleness` = N, the learner
+keeps the sampler at most N rollouts ahead:
 
-    rollout r   <- wait for the sampler (sampled from the snapshot of the weights after rollout r-2)
-    snapshot    <- the current weights (after rollout r-1's optimizer steps)
-    sampler     <- start rollout r+1 on the snapshot
+    rollout r   <- the sampler's result
+    publish     <- the current weights (after rollout r-1's optimizer steps)
+    sampler     <- queue rollouts up to r+N; each starts from the newest published weights
     learner     <- the optimizer steps of rollout r
 
-So every rollout is trained exactly one rollout's optimizer steps (`steps_per_rollout`) after the weights
-it was sampled from: a staleness bounded by one rollout. The correction it needs: pi_old is always the
-sampling weights' log-probs (computed by the sampler, on the snapshot), so the loss is the clipped
+Rollout r+N is queued after the weights of rollout r-1's steps are published and trained after rollout
+r+N-1's steps, so no rollout is trained more than N rollouts' optimizer steps (N * steps_per_rollout)
+after the weights it was sampled from. With N = 1 the sampler is idle while the weights are published,
+so it reads them from its own copy and every rollout is exactly one rollout stale; with N >= 2 it keeps
+sampling while the learner publishes, so the learner writes into a second shared copy the sampler takes
+from before each rollout (one more set of weights). The correction staleness needs: pi_old is always
+the sampling weights' log-probs (computed by the sampler, on the snapshot), so the loss is the clipped
 ratio pi / pi_old from the first step on (`epsilon`, `epsilon_high`), and off_policy_mask_threshold
 sees the drift. A thread overlaps with the learner only where torch releases the GIL (inside kernels);
 a process needs a free core. One training process only, and only with the in-process samplers ("fast",
 "generate"): the sampler must not take part in collective calls. In the child, reward functions see
-`trainer_state` as it was when the sampler started (the global step and episode arrive per rollout).
+`trainer_state` as it was when the rollout was queued.
 
 Every wait has a timeout (`async_rollout_timeout`) that raises naming what waited for what.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import copy
 import dataclasses
 import multiprocessing
+import queue
+import threading
 import traceback
 from typing import Any, Callable
 
@@ -35,67 +43,140 @@ import torch
 
 from rloo.rollout import Rollout, RolloutCollector, Samples
 
+_FORK = multiprocessing.get_context("fork")
+
 
 class RolloutTimeout(RuntimeError):
-    """The sampler thread did not deliver a rollout in time."""
+    """The sampler did not deliver a rollout in time."""
+
+
+def _copy_weights(target: torch.nn.Module, source: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for mine, theirs in zip(target.parameters(), source.parameters()):
+            mine.copy_(theirs.detach())
+
+
+class WeightBoard:
+    """Where the learner publishes weights for the sampler, stamped with the optimizer step they are from.
+
+    `staging` is the sampler's own `snapshot` when the sampler only ever reads it while the learner waits
+    (max_staleness 1), else a second copy the sampler takes from before each rollout, under `lock`.
+    """
+
+    def __init__(self, snapshot: torch.nn.Module, separate: bool) -> None:
+        self.snapshot = snapshot
+        self.staging = copy.deepcopy(snapshot) if separate else snapshot
+        self.lock = _FORK.Lock()
+        self.version = _FORK.Value("q", -1, lock=False)  # the optimizer step of the published weights
+        self.taken = -1  # in the sampler: the step of the weights its snapshot holds
+
+    def share_memory(self) -> None:
+        """Put the tensors the learner writes into shared memory (before forking the sampler)."""
+        for tensor in [*self.staging.parameters(), *self.staging.buffers()]:
+            tensor.share_memory_()
+
+    def publish(self, policy: torch.nn.Module, step: int) -> None:
+        """In the learner: the policy's current weights, from optimizer step `step`."""
+        with self.lock:
+            _copy_weights(self.staging, policy)
+            self.version.value = step
+
+    def take(self) -> int:
+        """In the sampler, before a rollout: the newest published weights into its snapshot; their step."""
+        with self.lock:
+            if self.staging is not self.snapshot and self.taken != self.version.value:
+                _copy_weights(self.snapshot, self.staging)
+            self.taken = self.version.value
+        return self.taken
+
+
+def _collect_from_newest(collector: RolloutCollector, board: WeightBoard, rows: list[dict[str, Any]],
+                         global_step: int, episode: int) -> tuple[Rollout, Samples, int]:
+    """Steps 1-4 on the newest published weights; with the optimizer step those weights are from."""
+    weights_step = board.take()
+    rollout, samples = collector.collect(rows, global_step, episode)
+    return rollout, samples, weights_step
 
 
 class ThreadCollector:
-    """Runs `collector.collect` in one thread of this process."""
+    """Collects the queued rollouts, in order, in one thread of this process."""
 
-    def __init__(self, collector: RolloutCollector) -> None:
-        self.collector = collector
+    def __init__(self, collector: RolloutCollector, board: WeightBoard) -> None:
+        self.collector, self.board = collector, board
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rloo-sampler")
+        self.futures: collections.deque[concurrent.futures.Future] = collections.deque()
 
-    def submit(self, *arguments: Any) -> concurrent.futures.Future:
-        return self.executor.submit(self.collector.collect, *arguments)
+    def submit(self, rows: list[dict[str, Any]], global_step: int, episode: int) -> None:
+        self.futures.append(self.executor.submit(_collect_from_newest, self.collector, self.board, rows,
+                                                 global_step, episode))
+
+    def result(self, timeout: float) -> tuple[Rollout, Samples, int]:
+        """The oldest queued rollout; concurrent.futures.TimeoutError after `timeout` seconds."""
+        payload = self.futures[0].result(timeout=timeout)
+        self.futures.popleft()
+        return payload
+
+    def busy(self) -> bool:
+        return any(not future.done() for future in self.futures)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-class _PipeResult:
-    """The one answer a forked sampler owes, read from its pipe (a Future's `done` and `result`)."""
+def _serve(collector: RolloutCollector, board: WeightBoard, requests: Any, results: Any) -> None:
+    """The forked sampler: collect a rollout for every (rows, global_step, episode) received; None ends."""
+    torch.set_num_threads(1)
+    while (request := requests.recv()) is not None:
+        try:
+            results.send(("ok", _collect_from_newest(collector, board, *request)))
+        except Exception:  # the learner re-raises it with the child's traceback
+            results.send(("error", traceback.format_exc()))
 
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
 
-    def done(self) -> bool:
-        return self.connection.poll(0)
+class ForkedCollector:
+    """Collects the queued rollouts, in order, in a forked child process (its own core). The board's
+    staging weights must be in shared memory so that the parent can update them.
 
-    def result(self, timeout: float) -> tuple[Rollout, Samples]:
-        if not self.connection.poll(timeout):
-            raise concurrent.futures.TimeoutError()
-        status, payload = self.connection.recv()
+    A thread of the parent receives the child's results as they come, so the child never waits for the
+    learner to read one before it starts the next.
+    """
+
+    def __init__(self, collector: RolloutCollector, board: WeightBoard) -> None:
+        requests_out, self.requests = _FORK.Pipe(duplex=False)
+        self.results_in, results_out = _FORK.Pipe(duplex=False)
+        self.process = _FORK.Process(target=_serve, args=(collector, board, requests_out, results_out), daemon=True,
+                                     name="rloo-sampler")
+        self.process.start()
+        requests_out.close()
+        results_out.close()
+        self.received: queue.Queue = queue.Queue()
+        self.queued = 0  # submitted and not yet handed to the learner
+        threading.Thread(target=self._receive, daemon=True, name="rloo-sampler-results").start()
+
+    def _receive(self) -> None:
+        try:
+            while True:
+                self.received.put(self.results_in.recv())
+        except (EOFError, OSError):  # the child ended
+            pass
+
+    def submit(self, rows: list[dict[str, Any]], global_step: int, episode: int) -> None:
+        self.requests.send((rows, global_step, episode))
+        self.queued += 1
+
+    def result(self, timeout: float) -> tuple[Rollout, Samples, int]:
+        """The oldest queued rollout; concurrent.futures.TimeoutError after `timeout` seconds."""
+        try:
+            status, payload = self.received.get(timeout=timeout)
+        except queue.Empty:
+            raise concurrent.futures.TimeoutError() from None
+        self.queued -= 1
         if status == "error":
             raise RuntimeError(f"the sampler process failed while collecting a rollout:\n{payload}")
         return payload
 
-
-def _serve(collector: RolloutCollector, connection: Any) -> None:
-    """The forked sampler: collect a rollout for every (rows, global_step, episode) received; None ends."""
-    torch.set_num_threads(1)
-    while (request := connection.recv()) is not None:
-        try:
-            connection.send(("ok", collector.collect(*request)))
-        except Exception:  # the learner re-raises it with the child's traceback
-            connection.send(("error", traceback.format_exc()))
-
-
-class ForkedCollector:
-    """Runs `collector.collect` in a forked child process (its own core); the collector's model must
-    keep its weights in shared memory (`share_memory_()`) so that the parent can update them."""
-
-    def __init__(self, collector: RolloutCollector) -> None:
-        context = multiprocessing.get_context("fork")
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(collector, child), daemon=True, name="rloo-sampler")
-        self.process.start()
-        child.close()
-
-    def submit(self, *arguments: Any) -> _PipeResult:
-        self.connection.send(arguments)
-        return _PipeResult(self.connection)
+    def busy(self) -> bool:
+        return self.queued > self.received.qsize()
 
     def close(self) -> None:
         if self.process.is_alive():
@@ -104,75 +185,74 @@ class ForkedCollector:
 
 
 class AsyncRollouts:
-    """A sampler one rollout ahead of the learner, on its own copy of the weights: a forked process
-    ("process", its own core) or a thread of the training process ("thread")."""
+    """A sampler at most `max_staleness` rollouts ahead of the learner, on its own copy of the weights: a
+    forked process ("process", its own core) or a thread of the training process ("thread")."""
 
-    def __init__(self, collector: RolloutCollector, timeout_s: float, worker: str | None = None) -> None:
+    def __init__(self, collector: RolloutCollector, timeout_s: float, max_staleness: int = 1,
+                 worker: str | None = None) -> None:
         policy = collector.accelerator.unwrap_model(collector.model)
         # A forked child cannot use CUDA the parent initialised: a process on CPU, a thread elsewhere.
         worker = worker or ("process" if next(policy.parameters()).device.type == "cpu" else "thread")
         self.snapshot = copy.deepcopy(policy).eval().requires_grad_(False)  # the sampler's weights
+        self.board = WeightBoard(self.snapshot, separate=max_staleness > 1)
         sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True)
         if worker == "process":
-            for tensor in [*self.snapshot.parameters(), *self.snapshot.buffers()]:
-                tensor.share_memory_()  # written here, read by the child
-            self.runner: ThreadCollector | ForkedCollector = ForkedCollector(sampler_collector)
+            self.board.share_memory()
+            self.runner: ThreadCollector | ForkedCollector = ForkedCollector(sampler_collector, self.board)
         else:
-            self.runner = ThreadCollector(sampler_collector)
-        self.policy = policy
-        self.timeout_s = timeout_s
-        self.pending: Any = None
-        self.pending_rollout = -1
+            self.runner = ThreadCollector(sampler_collector, self.board)
+        self.policy, self.timeout_s, self.max_staleness = policy, timeout_s, max_staleness
+        self.queued: collections.deque[int] = collections.deque()  # rollout indices, oldest first
 
-    def sync_weights(self) -> None:
-        """Copy the policy's current weights into the snapshot (never while the thread samples)."""
-        if self.pending is not None and not self.pending.done():
+    def sync_weights(self, step: int = 0) -> None:
+        """Publish the policy's current weights (from optimizer step `step`) for the sampler's next rollout."""
+        if self.board.staging is self.snapshot and self.runner.busy():
             raise RuntimeError("the sampler's weights were about to change while it was sampling (a bug in the loop).")
-        with torch.no_grad():
-            for mine, theirs in zip(self.snapshot.parameters(), self.policy.parameters()):
-                mine.copy_(theirs.detach())
+        self.board.publish(self.policy, step)
 
     def submit(self, rollout_index: int, rows: list[dict[str, Any]], global_step: int, episode: int) -> None:
-        """Start steps 1-4 of `rollout_index` in the thread."""
-        self.pending = self.runner.submit(rows, global_step, episode)
-        self.pending_rollout = rollout_index
+        """Queue steps 1-4 of `rollout_index`."""
+        self.runner.submit(rows, global_step, episode)
+        self.queued.append(rollout_index)
 
-    def result(self, rollout_index: int) -> tuple[Rollout, Samples]:
-        """The rollout the thread was started on; raises RolloutTimeout after timeout_s."""
-        if self.pending is None or self.pending_rollout != rollout_index:
-            raise RuntimeError(f"the learner asked for rollout {rollout_index} but the sampler thread was started on "
-                               f"{self.pending_rollout} (a bug in the loop).")
+    def result(self, rollout_index: int) -> tuple[Rollout, Samples, int]:
+        """The oldest queued rollout, which must be `rollout_index`, with the optimizer step of the weights
+        that sampled it; raises RolloutTimeout after timeout_s."""
+        if not self.queued or self.queued[0] != rollout_index:
+            raise RuntimeError(f"the learner asked for rollout {rollout_index} but the sampler's queue holds "
+                               f"{list(self.queued)} (a bug in the loop).")
         try:
-            return self.pending.result(timeout=self.timeout_s)
+            payload = self.runner.result(self.timeout_s)
         except concurrent.futures.TimeoutError:
             raise RolloutTimeout(f"the learner waited {self.timeout_s:.0f} s (async_rollout_timeout) for the sampler "
-                                 f"thread to deliver rollout {rollout_index} (sampling, scoring, pi_old); it did not. A "
+                                 f"to deliver rollout {rollout_index} (sampling, scoring, pi_old); it did not. A "
                                  f"reward function or the sampler may hang; raise async_rollout_timeout for slow ones, or "
                                  f"set async_rollouts=False to run them in the loop.") from None
-        finally:
-            self.pending = None
+        self.queued.popleft()
+        return payload
 
     def next(self, rollout_index: int, rows_of: Callable[[int], list[dict[str, Any]]], global_step: int,
-             episode: int, num_rollouts: int) -> tuple[Rollout, Samples]:
-        """Rollout `rollout_index` (sampled now from the current weights when none is under way, as at the
-        start of training), after which the thread starts on the next one from the current weights."""
-        if self.pending is None:
-            self.sync_weights()
+             episode: int, num_rollouts: int) -> tuple[Rollout, Samples, dict[str, float]]:
+        """Rollout `rollout_index` (sampled now from the current weights when none is queued, as at the start
+        of training), after which the rollouts up to `rollout_index + max_staleness` are queued. The metrics
+        say how stale it is: `async/staleness`, the optimizer steps taken since its sampling weights."""
+        if not self.queued:
+            self.sync_weights(global_step)
             self.submit(rollout_index, rows_of(rollout_index), global_step, episode)
-        rollout, samples = self.result(rollout_index)
-        self.sync_weights()
-        if rollout_index + 1 < num_rollouts:
-            self.submit(rollout_index + 1, rows_of(rollout_index + 1), global_step, episode)
-        return rollout, samples
+        rollout, samples, weights_step = self.result(rollout_index)
+        self.sync_weights(global_step)
+        last = min(rollout_index + self.max_staleness, num_rollouts - 1)
+        for ahead in range((self.queued[-1] if self.queued else rollout_index) + 1, last + 1):
+            self.submit(ahead, rows_of(ahead), global_step, episode)
+        return rollout, samples, {"async/staleness": float(global_step - weights_step)}
 
     def discard(self) -> None:
-        """Wait for and drop a rollout under way (training ended before it was needed)."""
-        if self.pending is not None:
-            try:
-                self.pending.result(timeout=self.timeout_s)
-            except Exception:  # noqa: BLE001 - a rollout nobody will train on; its error does not matter
-                pass
-            self.pending = None
+        """Drop the rollouts still queued (training ended before they were needed), after waiting for a
+        sampler thread's: it must not be sampling when the loop goes on. A process is killed by close()."""
+        if isinstance(self.runner, ThreadCollector):
+            concurrent.futures.wait(self.runner.futures, timeout=self.timeout_s)
+            self.runner.futures.clear()
+        self.queued.clear()
 
     def close(self) -> None:
         """Stop the sampler (the process is killed; a thread finishes its rollout and ends)."""
