@@ -2,10 +2,13 @@
 
     python recipes/prepare.py gsm8k smollm2 --gsm8k-dir ../shared/data/gsm8k
     nice -n 10 python benchmarks/recipes.py --recipe gsm8k --steps 10 --seeds 0 --eval-size 32
+    python benchmarks/recipes.py --recipe gsm8k --steps 40 --set learning_rate=2e-5 --parallel --threads 1
+    python benchmarks/recipes.py --systems rloo --steps 6 --eval-size 0 --rloo-set async_rollouts=true --tag async
 
-Both trainers read the same settings from recipes/<recipe>_cpu.yaml (--steps overrides max_steps),
-train SmolLM2-135M-Instruct in a fresh process each with the same seed and threads, and call the same
-reward functions, which record what they score. Each run reports:
+Both trainers read the same settings from recipes/<recipe>_cpu.yaml (--steps overrides max_steps, --set
+KEY=VALUE a shared setting for both, --rloo-set KEY=VALUE rloo's alone), train SmolLM2-135M-Instruct in
+a fresh process each with the same seed and threads, and call the same reward functions, which record
+what they score. Each run reports:
 
 - the reward curve: the mean weighted reward of each optimizer step's completions, and each reward
   function's mean;
@@ -16,13 +19,17 @@ reward functions, which record what they score. Each run reports:
   peak RSS of the process;
 - the first held-out completions before and after, to read what was learned.
 
-Results go to benchmarks/results/recipes_<recipe>.json and docs/recipes_<recipe>.png; the table and
-the figures in docs/recipes.md come from these files.
+With --parallel the systems of a seed train at the same time, each with --threads threads (so that
+two one-thread runs on a 2-core machine each have a core). --eval-size 0 skips the held-out scores.
+
+Results go to benchmarks/results/recipes_<recipe>[_<tag>].json and docs/recipes_<recipe>[_<tag>].png;
+the table and the figures in docs/recipes.md come from these files.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import resource
@@ -46,13 +53,24 @@ RLOO_ONLY = ["max_prompt_length", "shared_prefix_forward"]  # no TRL counterpart
 EVAL_FUNCTIONS = {"gsm8k": ("gsm8k_accuracy", "gsm8k_format"), "code": ("code_execution",)}
 
 
-def load_recipe(name: str, steps: int | None, drop: list[str]) -> dict:
+def load_recipe(name: str, steps: int | None, drop: list[str], settings: dict) -> dict:
     recipe = yaml.safe_load((ROOT / "recipes" / f"{name}_cpu.yaml").read_text())
     for key in drop:
         recipe.pop(key, None)
     if steps is not None:
         recipe["max_steps"] = steps
-    return recipe
+    return {**recipe, **settings}
+
+
+def key_values(pairs: list[str]) -> dict:
+    """["learning_rate=2e-5", "async_rollouts=true"] -> {"learning_rate": 2e-05, "async_rollouts": True} (YAML values)."""
+    values = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set / --rloo-set take KEY=VALUE, got {pair!r}")
+        values[key] = yaml.safe_load(value)
+    return values
 
 
 class RecordingReward:
@@ -135,7 +153,7 @@ def build_trainer(system: str, recipe: dict, model, tokenizer, rewards, output_d
                            processing_class=tokenizer)
     from rloo import RLOOConfig, RLOOTrainer
 
-    only = {k: recipe[k] for k in RLOO_ONLY if k in recipe}
+    only = {**{k: recipe[k] for k in RLOO_ONLY if k in recipe}, **recipe.get("rloo_only", {})}
     args = RLOOConfig(**shared, **only, output_dir=output_dir, save_steps=0, bf16=False, top_p=1.0, top_k=0,
                       report_to=[], warmup_steps=0, weight_decay=0.0)
     return RLOOTrainer(model, rewards, args=args, train_dataset=train_dataset(recipe), processing_class=tokenizer)
@@ -153,9 +171,17 @@ def load_model(recipe: dict):
 
 
 def process_cpu_seconds() -> float:
-    """User + system CPU time of this process: on shared cores it varies far less than wall time."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """User + system CPU time of this process and its ended children (async_rollouts' sampler process):
+    on shared cores it varies far less than wall time."""
+    return sum(usage.ru_utime + usage.ru_stime
+               for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def metrics_lines(output_dir: str) -> list[dict]:
+    """rloo's per-step metrics.jsonl lines that carry reward-function means (TRL writes none there)."""
+    path = Path(output_dir) / "metrics.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [line for line in lines if any(key.startswith("rewards/") and key.endswith("/mean") for key in line)]
 
 
 def run_worker(spec: dict) -> dict:
@@ -166,25 +192,33 @@ def run_worker(spec: dict) -> dict:
     recipe = spec["recipe"]
     model, tokenizer = load_model(recipe)
     rows = test_rows(recipe, spec["eval_size"])
+
+    def evaluate() -> dict | None:
+        return held_out(model, tokenizer, spec["name"], recipe, rows) if rows else None
+
     if spec["system"] == "base":
-        return {"system": "base", "held_out": held_out(model, tokenizer, spec["name"], recipe, rows)}
+        return {"system": "base", "held_out": evaluate()}
     rewards = reward_functions(recipe)
     with tempfile.TemporaryDirectory() as output_dir:
         trainer = build_trainer(spec["system"], recipe, model, tokenizer, rewards, output_dir)
         start, cpu_start = time.perf_counter(), process_cpu_seconds()
         trainer.train()
         seconds, cpu_seconds = time.perf_counter() - start, process_cpu_seconds() - cpu_start
+        logged = metrics_lines(output_dir)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # training's peak; eval adds little
     per_step = recipe["per_device_train_batch_size"] * recipe["gradient_accumulation_steps"]
     weights = recipe.get("reward_weights") or [1.0] * len(rewards)
     curves = {r.__name__: step_means(r.calls, per_step) for r in rewards}
+    if not any(r.calls for r in rewards):  # async_rollouts: the functions ran in the sampler process
+        curves = {r.__name__: [line[f"rewards/{r.__name__}/mean"] for line in logged] for r in rewards}
     weighted = [sum(w * curves[r.__name__][i] for w, r in zip(weights, rewards))
                 for i in range(min(len(c) for c in curves.values()))]
     return {"system": spec["system"], "seed": recipe["seed"], "steps": recipe["max_steps"],
             "seconds_per_step": seconds / recipe["max_steps"], "cpu_seconds_per_step": cpu_seconds / recipe["max_steps"],
             "peak_rss_mb": peak_rss_mb,
             "reward_curve": weighted, "reward_function_curves": curves,
-            "held_out": held_out(model, tokenizer, spec["name"], recipe, rows)}
+            "rloo_only": recipe.get("rloo_only", {}) if spec["system"] == "rloo" else {},
+            "held_out": evaluate()}
 
 
 def spawn(spec: dict) -> dict:
@@ -196,29 +230,47 @@ def spawn(spec: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def moving_average(values: list[float], width: int = 5) -> list[float]:
+    """The mean of each value and up to width - 1 before it (one step's 8 completions are noisy)."""
+    return [sum(values[max(0, i - width + 1):i + 1]) / len(values[max(0, i - width + 1):i + 1])
+            for i in range(len(values))]
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    with_held_out = results["base"]["held_out"] is not None
+    figure, axes = plt.subplots(1, 3 if with_held_out else 2, figsize=(15 if with_held_out else 10, 3.8))
+    colours = {"rloo": "tab:blue", "trl": "tab:orange"}
+    names = list(results["runs"][0]["reward_function_curves"]) if results["runs"] else []
     for run in results["runs"]:
-        style = "-" if run["system"] == "rloo" else "--"
-        axes[0].plot(range(1, len(run["reward_curve"]) + 1), run["reward_curve"], style,
-                     label=f"{run['system']} seed {run['seed']}")
-    axes[0].set(xlabel="optimizer step", ylabel="mean weighted reward", title="training reward")
-    axes[0].legend(fontsize=8)
-    names = list(results["base"]["held_out"]["scores"])
-    systems = ["base"] + sorted({r["system"] for r in results["runs"]})
-    for offset, name in enumerate(names):
-        values = [results["base"]["held_out"]["scores"][name]] + [
-            sum(r["held_out"]["scores"][name] for r in results["runs"] if r["system"] == s)
-            / max(1, sum(r["system"] == s for r in results["runs"])) for s in systems[1:]]
-        axes[1].bar([i + 0.4 * offset for i in range(len(systems))], values, width=0.4, label=name)
-    axes[1].set_xticks([i + 0.2 for i in range(len(systems))], systems)
-    axes[1].set(ylim=(0, 1), ylabel="held-out (greedy)", title=f"held-out, first {results['eval_size']} test problems")
-    axes[1].legend(fontsize=8)
+        label, colour = f"{run['system']} seed {run['seed']}", colours.get(run["system"])
+        steps = range(1, len(run["reward_curve"]) + 1)
+        axes[0].plot(steps, run["reward_curve"], color=colour, alpha=0.25, linewidth=0.8)
+        axes[0].plot(steps, moving_average(run["reward_curve"]), color=colour, label=label)
+        for name, style in zip(names, ["-", "--", ":", "-."]):
+            curve = run["reward_function_curves"][name]
+            axes[1].plot(range(1, len(curve) + 1), moving_average(curve), style, color=colour,
+                         label=f"{label}: {name}")
+    axes[0].set(xlabel="optimizer step", ylabel="mean weighted reward", title="training reward (thick: 5-step mean)")
+    axes[1].set(xlabel="optimizer step", ylabel="mean reward", title="each reward function (5-step mean)")
+    for axis in axes[:2]:
+        axis.legend(fontsize=7)
+    if with_held_out:
+        held = list(results["base"]["held_out"]["scores"])
+        systems = ["base"] + sorted({r["system"] for r in results["runs"]})
+        for offset, name in enumerate(held):
+            values = [results["base"]["held_out"]["scores"][name]] + [
+                sum(r["held_out"]["scores"][name] for r in results["runs"] if r["system"] == s)
+                / max(1, sum(r["system"] == s for r in results["runs"])) for s in systems[1:]]
+            axes[2].bar([i + 0.4 * offset for i in range(len(systems))], values, width=0.4, label=name)
+        axes[2].set_xticks([i + 0.2 for i in range(len(systems))], systems)
+        axes[2].set(ylim=(0, 1), ylabel="held-out (greedy)",
+                    title=f"held-out, first {results['eval_size']} test problems")
+        axes[2].legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
@@ -234,26 +286,41 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drop", nargs="+", default=[], metavar="KEY",
                         help="recipe keys to leave out (their defaults apply), e.g. shared_prefix_forward")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="settings",
+                        help=f"a setting for both trainers, one of {SHARED}")
+    parser.add_argument("--rloo-set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="an RLOOConfig setting for rloo's runs alone, e.g. async_rollouts=true")
+    parser.add_argument("--parallel", action="store_true", help="train a seed's systems at the same time")
+    parser.add_argument("--tag", default="", help="suffix of the output files' names")
     options = parser.parse_args()
     if options.worker:
         print(json.dumps(run_worker(json.loads(options.worker))))
         return
-    recipe = load_recipe(options.recipe, options.steps, options.drop)
+    settings = key_values(options.settings)
+    if set(settings) - set(SHARED):
+        raise SystemExit(f"--set takes settings both trainers share ({SHARED}); use --rloo-set for "
+                         f"{sorted(set(settings) - set(SHARED))}")
+    recipe = {**load_recipe(options.recipe, options.steps, options.drop, settings),
+              "rloo_only": key_values(options.rloo_set)}
     common = {"name": options.recipe, "eval_size": options.eval_size, "threads": options.threads}
     results = {"recipe": options.recipe, "settings": recipe, "eval_size": options.eval_size, "threads": options.threads,
-               "base": spawn({**common, "system": "base", "recipe": recipe}), "runs": []}
-    print("base", json.dumps(results["base"]["held_out"]["scores"]), flush=True)
-    out = ROOT / "benchmarks" / "results" / f"recipes_{options.recipe}.json"
-    for seed in options.seeds:
-        for system in options.systems:
-            run = spawn({**common, "system": system, "recipe": {**recipe, "seed": seed}})
-            results["runs"].append(run)
-            print(f"{system} seed {seed}: {run['seconds_per_step']:.1f} s/step ({run['cpu_seconds_per_step']:.1f} CPU s), "
-                  f"peak RSS {run['peak_rss_mb']:.0f} MB, reward {run['reward_curve']}, held-out {run['held_out']['scores']}",
-                  flush=True)
-            out.write_text(json.dumps(results, indent=1))
-    plot(results, ROOT / "docs" / f"recipes_{options.recipe}.png")
-    print(f"wrote {out} and docs/recipes_{options.recipe}.png")
+               "parallel": options.parallel, "base": spawn({**common, "system": "base", "recipe": recipe}), "runs": []}
+    if results["base"]["held_out"] is not None:
+        print("base", json.dumps(results["base"]["held_out"]["scores"]), flush=True)
+    name = f"recipes_{options.recipe}{'_' + options.tag if options.tag else ''}"
+    out = ROOT / "benchmarks" / "results" / f"{name}.json"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(options.systems) if options.parallel else 1) as pool:
+        for seed in options.seeds:
+            specs = [{**common, "system": system, "recipe": {**recipe, "seed": seed}} for system in options.systems]
+            for run in pool.map(spawn, specs):
+                results["runs"].append(run)
+                held = run["held_out"]["scores"] if run["held_out"] else "not measured"
+                print(f"{run['system']} seed {seed}: {run['seconds_per_step']:.1f} s/step "
+                      f"({run['cpu_seconds_per_step']:.1f} CPU s), peak RSS {run['peak_rss_mb']:.0f} MB, "
+                      f"reward {[round(r, 3) for r in run['reward_curve']]}, held-out {held}", flush=True)
+                out.write_text(json.dumps(results, indent=1))
+    plot(results, ROOT / "docs" / f"{name}.png")
+    print(f"wrote {out} and docs/{name}.png")
 
 
 if __name__ == "__main__":
