@@ -69,7 +69,11 @@ def key_values(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep:
             raise SystemExit(f"--set / --rloo-set take KEY=VALUE, got {pair!r}")
-        values[key] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        try:  # YAML reads 2e-5 (no dot) as a string
+            values[key] = float(parsed) if isinstance(parsed, str) else parsed
+        except ValueError:
+            values[key] = parsed
     return values
 
 
