@@ -52,7 +52,8 @@ def run(cache_dir: str, use_async: bool, seed: int, steps: int, eval_prompts: in
         seconds = time.perf_counter() - began
         policy = trainer.accelerator.unwrap_model(trainer.model)
         end = greedy_accuracy(policy, tokenizer, held_out)
-    return dict(async_rollouts=use_async, max_staleness=max_staleness, seed=seed, seconds=seconds, episodes_per_s=steps * batch / seconds,
+    return dict(async_rollouts=use_async, max_staleness=max_staleness, seed=seed, seconds=seconds,
+                episodes_per_s=steps * batch / seconds,
                 accuracy_start=start, accuracy_end=end)
 
 
