@@ -332,7 +332,7 @@ class RLOOConfig:
     the sampler keep going through slow and fast rollouts (each starts from the newest weights), at the
     cost of one more copy of the weights and ratios further from 1. Logged as async/staleness."""
     async_rollout_timeout: float = 600.0
-    """With async_rollouts: seconds the learner waits for the sampler thread's rollout before raising."""
+    """With async_rollouts: seconds the learner waits for the sampler's next rollout before raising."""
 
     # --- robustness: output directory reuse and non-finite steps ---
     overwrite_output_dir: bool = False

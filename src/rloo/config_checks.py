@@ -197,8 +197,8 @@ def _check_off_policy(c: RLOOConfig) -> None:
             f"dynamic_sampling_max_rounds must be an integer >= 1 (generation rounds per rollout, the first "
             f"included), got {c.dynamic_sampling_max_rounds!r}.")
     require(not c.async_rollouts or (c.sampler in ("fast", "generate") and not c.dynamic_sampling),
-            f"async_rollouts runs the sampler in a thread of the training process: it needs sampler 'fast' or "
-            f"'generate' (got {c.sampler!r}) and dynamic_sampling off (got {c.dynamic_sampling}).")
+            f"async_rollouts runs the sampler beside the learner (a fork or a thread of the training process): it "
+            f"needs sampler 'fast' or 'generate' (got {c.sampler!r}) and dynamic_sampling off (got {c.dynamic_sampling}).")
     require(isinstance(c.max_staleness, int) and c.max_staleness >= 1,
             f"max_staleness must be an integer >= 1 (rollouts the sampler may run ahead), got {c.max_staleness!r}.")
     require(c.max_staleness == 1 or c.async_rollouts,

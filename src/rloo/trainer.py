@@ -137,7 +137,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         """Options that need this run's processes or models: async_rollouts runs in one process;
         sync_ref_model (TR-DPO) moves a separate reference copy toward the policy, so it needs one."""
         if self.args.async_rollouts and self.accelerator.num_processes > 1:
-            raise ConfigError("async_rollouts runs in one process (its sampler thread takes no part in collective "
+            raise ConfigError("async_rollouts runs in one process (its sampler takes no part in collective "
                               "calls); launch one process or set async_rollouts=False.")
         if not self.args.sync_ref_model:
             return
