@@ -171,3 +171,16 @@ def test_sampler_weights_are_a_copy(tmp_path, make_model, tokenizer, digit_datas
         assert len(samples.completions) == rollout.scores.numel() == 8
     finally:
         rollouts.close()
+
+
+def test_the_forked_sampler_at_max_staleness_2_leaves_no_unused_copy_in_the_parent(tmp_path, make_model, tokenizer,
+                                                                                    digit_dataset):
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, max_staleness=2),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    rollouts = AsyncRollouts(trainer.collector, 60.0, max_staleness=2, worker="process")
+    try:
+        assert all(p.numel() == 0 for p in rollouts.snapshot.parameters())  # only the child reads its copy
+        rollout, samples, _ = rollouts.next(0, trainer._rows, 0, 0, num_rollouts=1)
+        assert rollout.old_logps is not None and len(samples.completions) == 8
+    finally:
+        rollouts.close()

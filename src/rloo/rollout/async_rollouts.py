@@ -199,6 +199,9 @@ class AsyncRollouts:
         if worker == "process":
             self.board.share_memory()
             self.runner: ThreadCollector | ForkedCollector = ForkedCollector(sampler_collector, self.board)
+            if self.board.staging is not self.snapshot:  # the child has its own copy; this one is never read
+                for tensor in self.snapshot.parameters():
+                    tensor.data = torch.empty(0, dtype=tensor.dtype)
         else:
             self.runner = ThreadCollector(sampler_collector, self.board)
         self.policy, self.timeout_s, self.max_staleness = policy, timeout_s, max_staleness
