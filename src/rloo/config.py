@@ -321,11 +321,12 @@ class RLOOConfig:
     (rounds - 1) * prompts_per_rollout extra prompts per process and rollout."""
 
     async_rollouts: bool = False
-    """Generate the next rollouts in a sampler (a process on CPU, a thread on an accelerator), on its own
-    copy of the weights, while the learner trains on this one: each rollout is trained at most
-    max_staleness * steps_per_rollout optimizer steps after the weights it was sampled from, with pi_old
-    from those weights and the clipped ratio. One process, sampler "fast" or "generate", no
-    dynamic_sampling. Off by default (docs/algorithm.md has what it was measured to give)."""
+    """Generate the next rollouts in a sampler (a process on CPU, a thread on an accelerator or with
+    vLLM), on its own copy of the weights, while the learner trains on this one: each rollout is trained
+    at most max_staleness * steps_per_rollout optimizer steps after the weights it was sampled from, with
+    pi_old from those weights and the clipped ratio. One process; samplers "fast", "generate" and "vllm"
+    (its engine gets the sampler's weights); no dynamic_sampling. Off by default (docs/algorithm.md has
+    what it was measured to give)."""
     max_staleness: int = 1
     """With async_rollouts: how many rollouts the sampler may run ahead of the learner. 1 (the default):
     rollout n+1 is sampled while rollout n trains, every rollout exactly one rollout stale. N >= 2 lets

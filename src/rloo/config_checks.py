@@ -196,9 +196,10 @@ def _check_off_policy(c: RLOOConfig) -> None:
     require(isinstance(c.dynamic_sampling_max_rounds, int) and c.dynamic_sampling_max_rounds >= 1,
             f"dynamic_sampling_max_rounds must be an integer >= 1 (generation rounds per rollout, the first "
             f"included), got {c.dynamic_sampling_max_rounds!r}.")
-    require(not c.async_rollouts or (c.sampler in ("fast", "generate") and not c.dynamic_sampling),
+    require(not c.async_rollouts or (c.sampler in ("fast", "generate", "vllm") and not c.dynamic_sampling),
             f"async_rollouts runs the sampler beside the learner (a fork or a thread of the training process): it "
-            f"needs sampler 'fast' or 'generate' (got {c.sampler!r}) and dynamic_sampling off (got {c.dynamic_sampling}).")
+            f"needs sampler 'fast', 'generate' or 'vllm' (got {c.sampler!r}) and dynamic_sampling off (got "
+            f"{c.dynamic_sampling}).")
     require(isinstance(c.max_staleness, int) and c.max_staleness >= 1,
             f"max_staleness must be an integer >= 1 (rollouts the sampler may run ahead), got {c.max_staleness!r}.")
     require(c.max_staleness == 1 or c.async_rollouts,

@@ -5,6 +5,7 @@ is not installed, except with RLOO_REQUIRE_VLLM set (CI), where a missing vLLM f
 One engine (tiny Qwen2, head_dim 64: the CPU attention refuses 16) serves the module's tests.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -170,6 +171,48 @@ def test_trl_style_script_trains_in_a_plain_python_process(tmp_path, engine_setu
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "TRAINED" in result.stdout
+
+
+ASYNC_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from datasets import Dataset
+    from rloo import RLOOConfig, RLOOTrainer
+
+    def reward_digits(completions, **kwargs):
+        return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+    if __name__ == "__main__":
+        folder, out, max_staleness = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        data = Dataset.from_list([{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)])
+        args = RLOOConfig(output_dir=out, sampler="vllm", async_rollouts=True, max_staleness=max_staleness,
+                          num_generations=4, per_device_train_batch_size=8, max_completion_length=8, max_steps=5,
+                          learning_rate=3e-3, beta=0.0, logging_steps=1, save_steps=0, report_to=[], seed=0,
+                          eval_steps=2)
+        RLOOTrainer(model=folder, reward_funcs=reward_digits, args=args, train_dataset=data,
+                    eval_dataset=data.select(range(2))).train()
+""")
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2])
+def test_async_rollouts_sample_from_the_weights_pushed_from_the_sampler_snapshot(tmp_path, engine_setup, max_staleness):
+    """async_rollouts: the sampler thread pushes its snapshot into the colocated engine whenever it takes newer
+    weights (evaluation pushes the live policy's in between), so the engine's log-probs stay those of pi_old,
+    the snapshot's, at every step: float noise, while the weights move by far more between steps."""
+    model, tokenizer, _, _ = engine_setup
+    script = tmp_path / "train_async.py"
+    script.write_text(ASYNC_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    result = subprocess.run([sys.executable, str(script), model.config._name_or_path, str(tmp_path / "out"),
+                             str(max_staleness)], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "sampler/max_abs_log_ratio" in line]
+    gaps, staleness = [line["sampler/max_abs_log_ratio"] for line in steps], [line["async/staleness"] for line in steps]
+    print(f"max_staleness {max_staleness}: engine vs sampling-weights gap per step {gaps}, staleness {staleness}")
+    assert len(steps) == 5 and max(gaps) < 1e-4
+    assert staleness[0] == 0 and max(staleness) >= 1 and max(staleness) <= max_staleness
+    assert any("eval/reward" in line for line in lines)
 
 
 def test_top_k_engine_logprobs_match_pi_old_on_the_kept_set(engine_setup):

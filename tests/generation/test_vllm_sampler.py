@@ -8,6 +8,7 @@ merged), sleep/wake order, and the engine's log-probs reaching the trainer.
 import importlib.machinery
 import os
 import sys
+import threading
 import types
 from types import SimpleNamespace
 
@@ -90,9 +91,10 @@ def fake_vllm(monkeypatch, tokenizer):
 
 
 def _args(tmp_path, **overrides):
-    return RLOOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, beta=0.0,
-                      max_completion_length=6, max_steps=2, save_steps=0, logging_steps=1, sampler="vllm",
-                      learning_rate=1e-2, **overrides)
+    defaults = dict(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, beta=0.0,
+                    max_completion_length=6, max_steps=2, save_steps=0, logging_steps=1, sampler="vllm",
+                    learning_rate=1e-2)
+    return RLOOConfig(**{**defaults, **overrides})
 
 
 def test_colocated_engine_sampling_params_parsing_and_logprobs(tmp_path, fake_vllm, make_model, tokenizer, digit_dataset):
@@ -132,6 +134,52 @@ def test_weights_pushed_before_each_generation_after_a_step_with_sleep_between(t
     changed = [name for name in first if not torch.equal(first[name], second[name])]
     assert changed  # the second push carries the weights after step 1
     assert "sampler/mean_abs_log_ratio" in metrics
+
+
+def _weights_sum(named) -> float:
+    return sum(tensor.double().sum().item() for _, tensor in named)
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2])
+def test_async_rollouts_generate_from_the_sampling_weights_pushed_into_the_engine(
+        tmp_path, fake_vllm, make_model, tokenizer, digit_dataset, max_staleness, monkeypatch):
+    # async_rollouts with the vLLM sampler: the sampler thread computes pi_old on its snapshot, so the engine
+    # must hold the snapshot's weights at every generation (pushed when the snapshot takes newer ones), also
+    # after evaluation (every 2 steps) pushed the live policy's into the same engine.
+    args = _args(tmp_path, async_rollouts=True, max_staleness=max_staleness, max_steps=4, eval_steps=2)
+    trainer = RLOOTrainer(make_model(), length_reward, args=args, train_dataset=digit_dataset,
+                          eval_dataset=digit_dataset.select(range(2)), processing_class=tokenizer)
+    weights = [_weights_sum(policy_weights(trainer.model))]  # W0, then W_s after optimizer step s
+    original_step = trainer.learner.step
+
+    def step(mini_batch):
+        stats = original_step(mini_batch)
+        weights.append(_weights_sum(policy_weights(trainer.model)))
+        return stats
+
+    trainer.learner.step = step
+    generations = []  # (engine's weights, the snapshot's or the live policy's weights) at each generate
+
+    def generate(llm, prompts, sampling_params, use_tqdm):
+        held = _weights_sum(llm.loaded[-1].items())
+        sampler_thread = trainer.async_rollouts is not None and threading.current_thread() is not threading.main_thread()
+        source = trainer.async_rollouts.snapshot if sampler_thread else trainer.model
+        generations.append((sampler_thread, held, _weights_sum(policy_weights(source))))
+        return original_generate(llm, prompts, sampling_params, use_tqdm)
+
+    original_generate = FakeLLM.generate
+    monkeypatch.setattr(FakeLLM, "generate", generate)
+    trainer.train()
+    assert len(fake_vllm) == 1  # one engine for the sampler thread and evaluation
+    rollouts = [(held, source) for in_thread, held, source in generations if in_thread]
+    evaluations = [(held, source) for in_thread, held, source in generations if not in_thread]
+    assert len(rollouts) == 4 and len(evaluations) == 2
+    for held, source in rollouts + evaluations:
+        assert held == pytest.approx(source, rel=0, abs=1e-9)  # the engine held the weights pi_old is taken on
+    if max_staleness == 1:  # rollout 0 from W0, rollout r >= 1 from W_{r-1}
+        assert [held for held, _ in rollouts] == pytest.approx([weights[0], weights[0], weights[1], weights[2]],
+                                                               rel=0, abs=1e-9)
+    assert len({round(held, 6) for held, _ in rollouts}) >= 2  # the engine took newer weights
 
 
 def test_lora_is_merged_for_the_push_and_unmerged_after(make_model):

@@ -4,6 +4,7 @@
 Run by scripts/test_vllm.sh; skipped where vLLM is not installed, except with RLOO_REQUIRE_VLLM set (CI).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -83,3 +84,22 @@ def test_training_against_a_local_server(server, tmp_path, digit_dataset):
                           processing_class=tokenizer)
     metrics = trainer.train()
     assert "sampler/mean_abs_log_ratio" in metrics
+
+
+def test_async_rollouts_against_a_local_server(server, tmp_path, digit_dataset):
+    """async_rollouts with the server: the sampler thread pushes its snapshot over HTTP whenever it takes newer
+    weights, so the server's log-probs are those of the sampling weights (pi_old) at every step."""
+    model, tokenizer, url = server
+    args = RLOOConfig(output_dir=str(tmp_path), sampler="vllm", vllm_mode="server", vllm_server_base_url=url,
+                      num_generations=4, per_device_train_batch_size=8, max_completion_length=8, max_steps=4,
+                      learning_rate=3e-3, beta=0.0, save_steps=0, logging_steps=1, vllm_server_timeout=120,
+                      async_rollouts=True)
+    trainer = RLOOTrainer(model.config._name_or_path, digit_fraction, args=args, train_dataset=digit_dataset,
+                          processing_class=tokenizer)
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "sampler/max_abs_log_ratio" in line]
+    gaps = [line["sampler/max_abs_log_ratio"] for line in steps]
+    print(f"server, async: engine vs sampling-weights gap per step {gaps}")
+    assert [line["async/staleness"] for line in steps] == [0, 1, 1, 1]
+    assert max(gaps) < 1e-4

@@ -9,9 +9,12 @@ RLOO_ALLOW_UNTESTED_VLLM=1.
 The engine keeps its own copy of the weights. `on_optimizer_step` marks it stale; the next
 `sample` pushes the policy's weights (LoRA merged into them first) before generating, so every
 generation after an optimizer step sees the updated policy, and several optimizer steps between
-two generations cost one push. The engine's per-token log-probs come back in `SampledBatch.logprobs`
-for the truncated importance-sampling correction (algo.importance). For them to be the log-probs of
-the distribution sampled (temperature, top-k/top-p applied), the engine runs with
+two generations cost one push. The sampler remembers which module's weights the engine holds: a
+`sample` with another module (async_rollouts' snapshot, then evaluation's live policy) pushes that
+module's first, and calls from two threads take turns (a lock), so one engine serves both. The
+engine's per-token log-probs come back in `SampledBatch.logprobs` for the truncated importance-sampling
+correction (algo.importance). For them to be the log-probs of the distribution sampled (temperature,
+top-k/top-p applied), the engine runs with
 `logprobs_mode="processed_logprobs"` (the server: `--logprobs-mode processed_logprobs`).
 """
 
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
@@ -194,11 +199,21 @@ class VLLMSampler(SamplingSettings):
 
     args: Any = None  # the RLOOConfig, to build the engine
     engine: Engine | None = None
-    _stale: bool = field(default=True, repr=False)  # the engine's weights lag the policy's
+    _stale: bool = field(default=True, repr=False)  # the engine's weights lag those of the module it last loaded
+    _loaded: Any = field(default=None, repr=False, compare=False)  # a weak reference to that module
+    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)  # one engine call at a time
 
     def on_optimizer_step(self, model: torch.nn.Module) -> None:
-        """The policy changed: push its weights before the next generation."""
-        self._stale = True
+        """`model` changed: if the engine holds its weights, push them again before the next generation."""
+        with self._lock:
+            if self._loaded is None or self._loaded() is model:
+                self._stale = True
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        """Build the engine now (from this thread: vLLM sets signal handlers only in the main thread)."""
+        with self._lock:
+            if self.engine is None:
+                self.engine = self._build_engine(model)
 
     def _build_engine(self, model: torch.nn.Module) -> Engine:
         if self.args.vllm_mode == "server":
@@ -220,20 +235,21 @@ class VLLMSampler(SamplingSettings):
         finally:
             if is_peft:
                 model.unmerge_adapter()
-        self._stale = False
+        self._stale, self._loaded = False, weakref.ref(model)
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
-        if self.engine is None:
-            self.engine = self._build_engine(model)
-        self.engine.wake_up()
-        if self._stale:
-            self.push_weights(model)
         params = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1,
                       min_p=self.min_p, max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_token_ids),
                       **self.generation_kwargs)
-        grouped = self.engine.generate(prompts, num_generations, params)
-        self.engine.sleep()
+        with self._lock:
+            if self.engine is None:
+                self.engine = self._build_engine(model)
+            self.engine.wake_up()
+            if self._stale or (self._loaded is not None and self._loaded() is not model):
+                self.push_weights(model)
+            grouped = self.engine.generate(prompts, num_generations, params)
+            self.engine.sleep()
         rows = [c for completions in grouped for c in completions]  # prompt-major: row p*K + k
         return batch_from_token_lists(prompts, [ids for ids, _ in rows], [logps for _, logps in rows], num_generations,
                                       self.pad_token_id, self.eos_token_ids, next(model.parameters()).device)

@@ -3,7 +3,10 @@
 With `async_rollouts`, a sampler owns a snapshot of the policy's weights (a copy of the unwrapped
 model, no grad) and runs steps 1-4 of the loop (`RolloutCollector.collect`: sample, score, pi_old,
 advantages) on it: on CPU a forked process with the snapshot in shared memory, so that it runs on its
-own core; on an accelerator a thread of the training process. With `max_staleness` = N, the learner
+own core; on an accelerator, or with the vLLM sampler, a thread of the training process. vLLM's engine
+keeps its own copy of the weights: the thread pushes the snapshot's into it whenever it takes newer
+ones (the engine is built before the thread starts; evaluation, on the live policy, takes turns with
+the thread and leaves the engine to push the snapshot again). With `max_staleness` = N, the learner
 keeps the sampler at most N rollouts ahead:
 
     rollout r   <- the sampler's result
@@ -20,9 +23,9 @@ from before each rollout (one more set of weights). The correction staleness nee
 the sampling weights' log-probs (computed by the sampler, on the snapshot), so the loss is the clipped
 ratio pi / pi_old from the first step on (`epsilon`, `epsilon_high`), and off_policy_mask_threshold
 sees the drift. A thread overlaps with the learner only where torch releases the GIL (inside kernels);
-a process needs a free core. One training process only, and only with the in-process samplers ("fast",
-"generate"): the sampler must not take part in collective calls. In the child, reward functions see
-`trainer_state` as it was when the rollout was queued.
+a process needs a free core; a vLLM server generates on its own machine while the thread waits. One
+training process only: the sampler must not take part in collective calls. In the child, reward
+functions see `trainer_state` as it was when the rollout was queued.
 
 Every wait has a timeout (`async_rollout_timeout`) that raises naming what waited for what.
 """
@@ -41,6 +44,7 @@ from typing import Any, Callable
 
 import torch
 
+from rloo.generation.vllm import VLLMSampler
 from rloo.rollout import Rollout, RolloutCollector, Samples
 
 _FORK = multiprocessing.get_context("fork")
@@ -93,7 +97,10 @@ class WeightBoard:
 def _collect_from_newest(collector: RolloutCollector, board: WeightBoard, rows: list[dict[str, Any]],
                          global_step: int, episode: int) -> tuple[Rollout, Samples, int]:
     """Steps 1-4 on the newest published weights; with the optimizer step those weights are from."""
+    before = board.taken
     weights_step = board.take()
+    if weights_step != before:  # the snapshot changed: an engine with its own copy (vLLM) loads it again
+        collector.sampler.on_optimizer_step(collector.model)
     rollout, samples = collector.collect(rows, global_step, episode)
     return rollout, samples, weights_step
 
@@ -191,9 +198,15 @@ class AsyncRollouts:
     def __init__(self, collector: RolloutCollector, timeout_s: float, max_staleness: int = 1,
                  worker: str | None = None) -> None:
         policy = collector.accelerator.unwrap_model(collector.model)
-        # A forked child cannot use CUDA the parent initialised: a process on CPU, a thread elsewhere.
-        worker = worker or ("process" if next(policy.parameters()).device.type == "cpu" else "thread")
+        # A forked child cannot use CUDA the parent initialised, nor a vLLM engine (its state and threads do
+        # not survive a fork): a process on CPU with the in-process samplers, a thread otherwise.
+        with_engine = isinstance(collector.sampler, VLLMSampler)
+        worker = worker or ("process" if next(policy.parameters()).device.type == "cpu" and not with_engine else "thread")
+        if with_engine and worker == "process":
+            raise ValueError("the vLLM sampler's engine cannot be forked: run async_rollouts' sampler as a thread.")
         self.snapshot = copy.deepcopy(policy).eval().requires_grad_(False)  # the sampler's weights
+        if with_engine:
+            collector.sampler.prepare(self.snapshot)
         self.board = WeightBoard(self.snapshot, separate=max_staleness > 1)
         sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True)
         if worker == "process":
