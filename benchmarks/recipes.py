@@ -6,14 +6,16 @@
     python benchmarks/recipes.py --systems rloo --steps 6 --eval-size 0 --rloo-set async_rollouts=true --tag async
 
 Both trainers read the same settings from recipes/<recipe>_cpu.yaml (--steps overrides max_steps, --set
-KEY=VALUE a shared setting for both, --rloo-set KEY=VALUE rloo's alone), train SmolLM2-135M-Instruct in
+KEY=VALUE a shared setting for both, --rloo-set KEY=VALUE rloo's alone; a recipe setting that changes the reward
+and that TRL lacks, missing_eos_penalty, is left out when TRL runs), train SmolLM2-135M-Instruct in
 a fresh process each with the same seed and threads, and call the same reward functions, which record
 what they score. Each run reports:
 
 - the reward curve: the mean weighted reward of each optimizer step's completions, and each reward
   function's mean;
-- held-out: greedy accuracy (and the format rate) on a fixed subset of the recipe's test split (the
-  first --eval-size problems), before training (once) and after each run;
+- held-out: the recipe's reward functions on greedy completions of a fixed subset of its test split (the
+  first --eval-size rows): accuracy and format rate (gsm8k), pass@1 (code), the reward model's mean score
+  (tldr); before training (once) and after each run;
 - seconds per optimizer step (train() alone; loading and evaluation are outside the clock), wall and
   CPU (user + system: on shared cores wall time measures the neighbours as much as the trainer), and
   peak RSS of the process;
@@ -50,7 +52,13 @@ SHARED = ["num_generations", "per_device_train_batch_size", "gradient_accumulati
           "temperature", "learning_rate", "lr_scheduler_type", "max_grad_norm", "beta", "reward_weights",
           "max_steps", "seed", "logging_steps"]
 RLOO_ONLY = ["max_prompt_length", "shared_prefix_forward"]  # no TRL counterpart: rloo's runs take them from the recipe
-EVAL_FUNCTIONS = {"gsm8k": ("gsm8k_accuracy", "gsm8k_format"), "code": ("code_execution",)}
+# Recipe settings that change the reward and that TRL 1.16's RLOOTrainer lacks: left out of a comparison with TRL,
+# so both trainers optimise the same reward.
+NOT_IN_TRL = ["missing_eos_penalty"]
+# What the held-out score is: the recipe's own reward functions on greedy completions (the tldr reward model's
+# score is unbounded; the others lie in [0, 1]).
+EVAL_FUNCTIONS = {"gsm8k": ("gsm8k_accuracy", "gsm8k_format"), "code": ("code_execution",),
+                  "tldr": ("recipes/models/smollm2-tldr-reward",)}
 
 
 def load_recipe(name: str, steps: int | None, drop: list[str], settings: dict) -> dict:
@@ -103,17 +111,27 @@ def step_means(calls: list[tuple[int, float]], per_step: int) -> list[float]:
     return means
 
 
-def reward_functions(recipe: dict) -> list[RecordingReward]:
+def scorer(spec: str):
+    """A recipe's reward_funcs entry as a function: a reward model path becomes rloo's RewardModel (fp32), called
+    with prompts and completions alone, so both trainers get the same scores from the same code."""
     from rloo.cli import resolve_reward_func
 
-    return [RecordingReward(resolve_reward_func(spec), spec) for spec in recipe["reward_funcs"]]
+    resolved = resolve_reward_func(spec)
+    if not isinstance(resolved, str):
+        return resolved
+    from rloo.rewards.reward_model import RewardModel
+
+    model = RewardModel.from_pretrained(str(ROOT / resolved), dtype="float32")
+    return lambda prompts, completions, **_: model(prompts, completions)
+
+
+def reward_functions(recipe: dict) -> list[RecordingReward]:
+    return [RecordingReward(scorer(spec), spec.rstrip("/").split("/")[-1]) for spec in recipe["reward_funcs"]]
 
 
 def held_out(model, tokenizer, recipe_name: str, recipe: dict, rows: list[dict]) -> dict:
     """Greedy completions of the held-out rows, scored by the recipe's eval functions."""
     import torch
-
-    from rloo.cli import resolve_reward_func
 
     texts = []
     tokenizer.padding_side = "left"
@@ -128,8 +146,8 @@ def held_out(model, tokenizer, recipe_name: str, recipe: dict, rows: list[dict])
     columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
     scores = {}
     for name in EVAL_FUNCTIONS[recipe_name]:
-        values = resolve_reward_func(name)(completions=texts, prompts=[r["prompt"] for r in rows], **columns)
-        scores[name] = sum(v or 0.0 for v in values) / len(values)
+        values = scorer(name)(completions=texts, prompts=[r["prompt"] for r in rows], **columns)
+        scores[name.split("/")[-1]] = sum(v or 0.0 for v in values) / len(values)
     return {"scores": scores, "completions": texts[:4]}
 
 
@@ -272,7 +290,8 @@ def plot(results: dict, path: Path) -> None:
                 / max(1, sum(r["system"] == s for r in results["runs"])) for s in systems[1:]]
             axes[2].bar([i + 0.4 * offset for i in range(len(systems))], values, width=0.4, label=name)
         axes[2].set_xticks([i + 0.2 for i in range(len(systems))], systems)
-        axes[2].set(ylim=(0, 1), ylabel="held-out (greedy)",
+        bounded = all(0.0 <= v <= 1.0 for r in [results["base"], *results["runs"]] for v in r["held_out"]["scores"].values())
+        axes[2].set(ylim=(0, 1) if bounded else None, ylabel="held-out (greedy)",
                     title=f"held-out, first {results['eval_size']} test problems")
         axes[2].legend(fontsize=8)
     figure.tight_layout()
@@ -304,10 +323,11 @@ def main() -> None:
     if set(settings) - set(SHARED):
         raise SystemExit(f"--set takes settings both trainers share ({SHARED}); use --rloo-set for "
                          f"{sorted(set(settings) - set(SHARED))}")
-    recipe = {**load_recipe(options.recipe, options.steps, options.drop, settings),
-              "rloo_only": key_values(options.rloo_set)}
+    drop = options.drop + (NOT_IN_TRL if "trl" in options.systems else [])
+    recipe = {**load_recipe(options.recipe, options.steps, drop, settings), "rloo_only": key_values(options.rloo_set)}
     common = {"name": options.recipe, "eval_size": options.eval_size, "threads": options.threads}
-    results = {"recipe": options.recipe, "settings": recipe, "eval_size": options.eval_size, "threads": options.threads,
+    results = {"recipe": options.recipe, "settings": recipe, "left_out": drop, "eval_size": options.eval_size,
+               "threads": options.threads,
                "parallel": options.parallel, "base": spawn({**common, "system": "base", "recipe": recipe}), "runs": []}
     if results["base"]["held_out"] is not None:
         print("base", json.dumps(results["base"]["held_out"]["scores"]), flush=True)
