@@ -6,10 +6,18 @@ decoding padding until the longest completion ends. Works on CPU (tested against
 distribution in tests/generation/test_paged_sampler.py); its real gains are on GPUs with many long, uneven
 completions. Greedy decoding cannot fork (transformers refuses num_return_sequences > 1 without
 sampling), so there each prompt is sent K times.
+
+The KV cache is sized for the call's requests: `num_blocks` holds every completion at full length with
+its own copy of its prompt (an upper bound: forks share the prompt's blocks), in blocks of PAGE_SIZE
+tokens, and at most MAX_BATCH_TOKENS tokens go through one forward pass. Left to itself, transformers
+sizes the cache from free memory: 60% of free RAM on CPU, 90% of the free GPU memory, which a training
+process needs for itself (a tiny model's call took 14 GB on this project's 24 GB machine:
+benchmarks/paged_cache_memory.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +25,9 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from rloo.generation.base import SampledBatch, SamplingSettings, batch_from_token_lists
+
+PAGE_SIZE = 32  # tokens per KV block (transformers' default, 256, would give each short completion 256)
+MAX_BATCH_TOKENS = 2048  # tokens per forward pass; the attention masks grow with it times the cache's tokens
 
 
 @dataclass
@@ -42,12 +53,14 @@ class PagedSampler(SamplingSettings):
             num_return_sequences=forks, max_new_tokens=self.max_new_tokens,
             eos_token_id=list(self.eos_token_ids), pad_token_id=self.pad_token_id,
         )
+        cache = ContinuousBatchingConfig(return_logprobs=self.return_logprobs, page_size=PAGE_SIZE,
+                                         max_batch_tokens=MAX_BATCH_TOKENS)
+        cache.num_blocks = cache_blocks(requests, forks, self.max_new_tokens, PAGE_SIZE)
         was_training = model.training
         model.eval()
         try:
             results = model.generate_batch(requests, generation_config=config, progress_bar=False,
-                                           continuous_batching_config=ContinuousBatchingConfig(
-                                               return_logprobs=self.return_logprobs))
+                                           continuous_batching_config=cache)
         finally:
             model.train(was_training)
         # generate_batch returns the requests in input order, each one's forks next to it.
@@ -59,3 +72,8 @@ class PagedSampler(SamplingSettings):
             prompts, [o.generated_tokens for o in outputs],
             [o.logprobs for o in outputs] if self.return_logprobs else None,
             num_generations, self.pad_token_id, self.eos_token_ids, next(model.parameters()).device)
+
+
+def cache_blocks(requests: list[list[int]], forks: int, max_new_tokens: int, page_size: int) -> int:
+    """KV-cache blocks of `page_size` tokens that hold every fork of every request at full length at once."""
+    return sum(math.ceil((len(prompt) + max_new_tokens) / page_size) for prompt in requests) * forks
