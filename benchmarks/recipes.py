@@ -292,7 +292,7 @@ def plot(results: dict, path: Path) -> None:
         axes[2].set_xticks([i + 0.2 for i in range(len(systems))], systems)
         bounded = all(0.0 <= v <= 1.0 for r in [results["base"], *results["runs"]] for v in r["held_out"]["scores"].values())
         axes[2].set(ylim=(0, 1) if bounded else None, ylabel="held-out (greedy)",
-                    title=f"held-out, first {results['eval_size']} test problems")
+                    title=f"held-out, greedy, first {results['eval_size']} test rows")
         axes[2].legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
