@@ -90,3 +90,23 @@ def test_the_kv_cache_is_sized_for_the_call_not_from_free_memory(make_model, tok
     # page 32: ceil(34/32) + ceil(36/32) + ceil(32/32) = 2 + 2 + 1 blocks per fork, 4 forks each
     assert (seen[0].page_size, seen[0].num_blocks, seen[0].max_batch_tokens) == (32, 20, 2048)
     assert cache_blocks([[1] * 40], forks=3, max_new_tokens=100, page_size=32) == 15  # ceil(140/32) = 5, x 3
+
+
+def test_a_call_whose_cache_does_not_fit_falls_back_to_transformers_sizing(make_model, tokenizer):
+    """Every fork at full length may not fit (many long completions on a GPU): transformers then raises
+    MemoryError while sizing the cache, and the sampler asks again with the cache sized from free memory."""
+    model = make_model()
+    seen = []
+    original = model.generate_batch
+
+    def generate_batch(*args, continuous_batching_config, **kwargs):
+        seen.append(continuous_batching_config.num_blocks)
+        if len(seen) == 1:
+            raise MemoryError("Memory footprint 25889566720 is more than available memory 14851289088")
+        continuous_batching_config.num_blocks = 64  # not the free-memory sizing itself: 60% of RAM in a test
+        return original(*args, continuous_batching_config=continuous_batching_config, **kwargs)
+
+    model.generate_batch = generate_batch
+    batch = PagedSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=5).sample(
+        model, _prompts(tokenizer, ["1+2=", "7="]), 2)
+    assert seen == [4, None] and batch.completion_ids.shape[0] == 4

@@ -9,7 +9,8 @@ sampling), so there each prompt is sent K times.
 
 The KV cache is sized for the call's requests: `num_blocks` holds every completion at full length with
 its own copy of its prompt (an upper bound: forks share the prompt's blocks), in blocks of PAGE_SIZE
-tokens, and at most MAX_BATCH_TOKENS tokens go through one forward pass. Left to itself, transformers
+tokens, and at most MAX_BATCH_TOKENS tokens go through one forward pass; if that does not fit in memory,
+transformers sizes the cache as it does by default and queues what does not fit. Left to itself, transformers
 sizes the cache from free memory: 60% of free RAM on CPU, 90% of the free GPU memory, which a training
 process needs for itself (a tiny model's call took 14 GB on this project's 24 GB machine:
 benchmarks/paged_cache_memory.py).
@@ -54,13 +55,20 @@ class PagedSampler(SamplingSettings):
             eos_token_id=list(self.eos_token_ids), pad_token_id=self.pad_token_id,
         )
         cache = ContinuousBatchingConfig(return_logprobs=self.return_logprobs, page_size=PAGE_SIZE,
-                                         max_batch_tokens=MAX_BATCH_TOKENS)
-        cache.num_blocks = cache_blocks(requests, forks, self.max_new_tokens, PAGE_SIZE)
+                                         max_batch_tokens=MAX_BATCH_TOKENS,
+                                         num_blocks=cache_blocks(requests, forks, self.max_new_tokens, PAGE_SIZE))
         was_training = model.training
         model.eval()
         try:
-            results = model.generate_batch(requests, generation_config=config, progress_bar=False,
-                                           continuous_batching_config=cache)
+            try:
+                results = model.generate_batch(requests, generation_config=config, progress_bar=False,
+                                               continuous_batching_config=cache)
+            except MemoryError:
+                # The call's whole need does not fit: let transformers size the cache from free memory, as
+                # it does by default, and queue the requests that do not fit at once.
+                cache.num_blocks = None
+                results = model.generate_batch(requests, generation_config=config, progress_bar=False,
+                                               continuous_batching_config=cache)
         finally:
             model.train(was_training)
         # generate_batch returns the requests in input order, each one's forks next to it.
