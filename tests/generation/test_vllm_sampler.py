@@ -182,6 +182,24 @@ def test_async_rollouts_generate_from_the_sampling_weights_pushed_into_the_engin
     assert len({round(held, 6) for held, _ in rollouts}) >= 2  # the engine took newer weights
 
 
+def test_the_learner_does_not_wait_for_a_generation_to_mark_the_engine_stale(make_model):
+    # async_rollouts' thread holds the sampler's lock while the engine generates; the learner's
+    # on_optimizer_step after every optimizer step must not queue behind it.
+    live, snapshot = make_model(), make_model()
+    engine = SimpleNamespace(load_weights=lambda weights: list(weights))
+    sampler = VLLMSampler(0, [1], 4, engine=engine)
+    sampler.push_weights(live)
+    with sampler._lock:  # a generation in progress in another thread
+        marker = threading.Thread(target=sampler.on_optimizer_step, args=(live,))
+        marker.start()
+        marker.join(timeout=30)
+        assert not marker.is_alive()
+    assert sampler._stale
+    sampler.push_weights(snapshot)
+    sampler.on_optimizer_step(live)  # the engine holds the snapshot's weights: nothing to redo for the live model
+    assert not sampler._stale
+
+
 def test_lora_is_merged_for_the_push_and_unmerged_after(make_model):
     from peft import LoraConfig, get_peft_model
 

@@ -204,10 +204,13 @@ class VLLMSampler(SamplingSettings):
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)  # one engine call at a time
 
     def on_optimizer_step(self, model: torch.nn.Module) -> None:
-        """`model` changed: if the engine holds its weights, push them again before the next generation."""
-        with self._lock:
-            if self._loaded is None or self._loaded() is model:
-                self._stale = True
+        """`model` changed: if the engine holds its weights, push them again before the next generation.
+
+        No lock: the learner must not wait here for async_rollouts' thread to finish generating. A race with
+        that thread's push of its snapshot can only cost one extra push: the learner's model is never the
+        snapshot, and `sample` pushes whenever the engine holds another module's weights."""
+        if self._loaded is None or self._loaded() is model:
+            self._stale = True
 
     def prepare(self, model: torch.nn.Module) -> None:
         """Build the engine now (from this thread: vLLM sets signal handlers only in the main thread)."""
