@@ -182,6 +182,16 @@ def test_async_rollouts_generate_from_the_sampling_weights_pushed_into_the_engin
     assert len({round(held, 6) for held, _ in rollouts}) >= 2  # the engine took newer weights
 
 
+def test_a_forked_sampler_with_a_vllm_engine_is_refused(tmp_path, fake_vllm, make_model, tokenizer, digit_dataset):
+    from rloo.rollout.async_rollouts import AsyncRollouts
+
+    trainer = RLOOTrainer(make_model(), length_reward, args=_args(tmp_path, async_rollouts=True),
+                          train_dataset=digit_dataset, processing_class=tokenizer)
+    with pytest.raises(ValueError, match="cannot be forked"):
+        AsyncRollouts(trainer.collector, 60.0, worker="process")
+    assert not fake_vllm  # refused before any engine was built
+
+
 def test_the_learner_does_not_wait_for_a_generation_to_mark_the_engine_stale(make_model):
     # async_rollouts' thread holds the sampler's lock while the engine generates; the learner's
     # on_optimizer_step after every optimizer step must not queue behind it.
