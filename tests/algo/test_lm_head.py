@@ -1,6 +1,7 @@
 """The tiled LM-head log-probs (algo.lm_head) against hand values and against the plain logits path."""
 
 import math
+import weakref
 
 import pytest
 import torch
@@ -35,22 +36,70 @@ def plain(hidden, weight, bias, targets, temperature, softcap):
 
 
 @pytest.mark.parametrize("temperature,softcap,rows", [(1.0, None, 4), (0.7, None, 3), (1.3, 5.0, 5), (0.9, None, 64)])
-def test_function_matches_plain_with_gradients(temperature, softcap, rows):
+@pytest.mark.parametrize("wrt", ["both", "logps", "entropy"])
+def test_function_matches_plain_with_gradients(temperature, softcap, rows, wrt):
+    """Each gradient the backward builds in place (log-prob terms, entropy terms, both) against autograd."""
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(3, 7, 8, generator=gen, dtype=torch.float64).requires_grad_()
     weight = torch.randn(11, 8, generator=gen, dtype=torch.float64).requires_grad_()
     bias = torch.randn(11, generator=gen, dtype=torch.float64).requires_grad_()
     targets = torch.randint(0, 11, (3, 7), generator=gen)
     mix_lp, mix_h = torch.randn(3, 7, generator=gen), torch.randn(3, 7, generator=gen)
+    use_lp, use_h = wrt in ("both", "logps"), wrt in ("both", "entropy")
+
+    def objective(lp, h):
+        return (lp * mix_lp).sum() * use_lp + (h * mix_h).sum() * use_h
 
     want_lp, want_h = plain(hidden, weight, bias, targets, temperature, softcap)
-    want = torch.autograd.grad((want_lp * mix_lp).sum() + (want_h * mix_h).sum(), (hidden, weight, bias))
+    want = torch.autograd.grad(objective(want_lp, want_h), (hidden, weight, bias))
     got_lp, got_h = tiled_head_logprobs(hidden, weight, bias, targets, temperature, softcap, True, rows)
-    got = torch.autograd.grad((got_lp * mix_lp).sum() + (got_h * mix_h).sum(), (hidden, weight, bias))
+    # Only the outputs the objective uses reach backward (the other's gradient is None there).
+    used = [t for t, flag in ((got_lp, use_lp), (got_h, use_h)) if flag]
+    got = torch.autograd.grad([(t * m).sum() for t, m in zip(used, [mix_lp, mix_h] if wrt == "both"
+                                                             else [mix_lp if use_lp else mix_h])], (hidden, weight, bias))
     torch.testing.assert_close(got_lp, want_lp.float(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_h, want_h.float(), atol=1e-5, rtol=1e-5)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+class TileBuffers(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the (n, V) buffers alive at once among those the ops under it allocate (an op writing in place
+    allocates none)."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.storages, self.most = vocab, set(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for tensor in out if isinstance(out, (tuple, list)) else [out]:
+            if not (isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and tensor.shape[-1] == self.vocab):
+                continue
+            key = tensor.untyped_storage().data_ptr()
+            if key not in inputs and key not in self.storages:  # a new buffer, not a view or an in-place result
+                self.storages.add(key)
+                self.most = max(self.most, len(self.storages))
+                weakref.finalize(tensor.untyped_storage(), self.storages.discard, key)
+        return out
+
+
+@pytest.mark.parametrize("temperature,entropy_grad", [(1.0, False), (0.7, False), (0.7, True)])
+def test_a_tile_holds_at_most_two_logit_buffers(temperature, entropy_grad):
+    """Forward and backward of a tile keep at most two (n, V) buffers alive: the head's share of a step's
+    peak memory. The plain ops (z, z / T, log p, p, p * g, ...) held five or more."""
+    rows, vocab = 6, 1000
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 9, 16, generator=gen).requires_grad_()
+    weight = torch.randn(vocab, 16, generator=gen).requires_grad_()
+    targets = torch.randint(0, vocab, (2, 9), generator=gen)
+    with TileBuffers(vocab) as counter:
+        logps, entropy = tiled_head_logprobs(hidden, weight, None, targets, temperature, None, True, rows)
+        forward_most = counter.most
+        (logps.sum() + (entropy.sum() if entropy_grad else 0)).backward()
+    assert forward_most <= 2 and counter.most <= 2, (forward_most, counter.most)
 
 
 def run_both(model, monkeypatch, temperature, entropy_grad=True):

@@ -28,19 +28,24 @@ def tile_rows(vocab_size: int) -> int:
 
 def _tile_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
                  softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(n, H) hidden -> (n, V) fp32 scaled logits z, and tanh(l / cap) when soft-capped (for backward)."""
+    """(n, H) hidden -> (n, V) fp32 scaled logits z, and tanh(l / cap) when soft-capped (for backward).
+
+    One (n, V) buffer (two when soft-capped; one more, in the head's dtype, for a bf16 head): the scaling
+    is done in place on the fresh logits."""
     logits = torch.nn.functional.linear(hidden, weight, bias).float()  # (n, V), in the head's dtype then fp32
     tanh = None
     if softcap is not None:
-        tanh = torch.tanh(logits / softcap)
-        logits = softcap * tanh
-    return (logits if temperature == 1.0 else logits / temperature), tanh  # no (n, V) copy at the usual 1.0
+        tanh = torch.tanh(logits.div_(softcap))
+        logits = torch.mul(tanh, softcap, out=logits)
+    return (logits if temperature == 1.0 else logits.div_(temperature)), tanh
 
 
 class TiledHeadLogprobs(torch.autograd.Function):
     """(N, H) hidden, (V, H) weight, (V,) bias or None, (N,) targets -> (N,) log-probs, (N,) entropies.
 
-    The entropies are zeros unless `with_entropy`; their gradient is used only when they are.
+    The entropies are zeros unless `with_entropy`; their gradient is used only when they are. Each tile
+    works in place on at most two (n, V) fp32 buffers, forward and backward (the tile's size is what a
+    step's memory pays for the head, on top of the activations it keeps).
     """
 
     @staticmethod
@@ -54,8 +59,9 @@ class TiledHeadLogprobs(torch.autograd.Function):
             lse = torch.logsumexp(z, dim=-1)  # (n,)
             log_normalizer[tile] = lse
             logps[tile] = z.gather(-1, targets[tile].unsqueeze(-1)).squeeze(-1) - lse
-            if with_entropy:
-                entropy[tile] = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+            if with_entropy:  # H = lse - sum_j p_j z_j
+                entropy[tile] = lse - torch.softmax(z, dim=-1).mul_(z).sum(dim=-1)
+            del z
         ctx.save_for_backward(hidden, weight, bias, targets, log_normalizer, entropy)
         ctx.settings = (temperature, softcap, with_entropy, rows)
         ctx.set_materialize_grads(False)
@@ -73,27 +79,47 @@ class TiledHeadLogprobs(torch.autograd.Function):
         grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
         for start in range(0, hidden.shape[0], rows):
             tile = slice(start, start + rows)
-            z, tanh = _tile_logits(hidden[tile], weight, bias, temperature, softcap)  # (n, V)
-            logp = z - log_normalizer[tile].unsqueeze(-1)  # (n, V)
-            p = logp.exp()
-            grad_z = torch.zeros_like(z)
-            if grad_logps is not None:
-                grad_z -= p * grad_logps[tile].unsqueeze(-1)
-                grad_z.scatter_add_(-1, targets[tile].unsqueeze(-1), grad_logps[tile].unsqueeze(-1).float())
-            if grad_entropy is not None:
-                grad_z -= p * (logp + entropy[tile].unsqueeze(-1)) * grad_entropy[tile].unsqueeze(-1)
-            grad_logits = grad_z if temperature == 1.0 else grad_z / temperature  # (n, V) d/d(h W^T + b)
-            if tanh is not None:
-                grad_logits *= 1 - tanh * tanh
+            grad_logits = _tile_grad_logits(hidden[tile], weight, bias, targets[tile], log_normalizer[tile],
+                                            entropy[tile], None if grad_logps is None else grad_logps[tile],
+                                            None if grad_entropy is None else grad_entropy[tile], temperature, softcap)
             if need_hidden:
                 grad_hidden[tile] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_weight:
-                grad_weight += grad_logits.t() @ hidden[tile].float()
+                grad_weight.addmm_(grad_logits.t(), hidden[tile].float())  # no (V, H) temporary per tile
             if need_bias:
                 grad_bias += grad_logits.sum(dim=0)
+            del grad_logits  # before the next tile's buffers are made, not after
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def _tile_grad_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                      log_normalizer: torch.Tensor, entropy: torch.Tensor, grad_logps: torch.Tensor | None,
+                      grad_entropy: torch.Tensor | None, temperature: float, softcap: float | None) -> torch.Tensor:
+    """One tile's (n, V) gradient with respect to the head's output h W^T + b, in two (n, V) buffers.
+
+    d/dz of sum_i g_i logprob_i + e_i entropy_i = g_i (onehot(y_i) - p_i) - e_i p_i (lp_i + H_i), where
+    g = grad_logps (n,), e = grad_entropy (n,), either None when that output got no gradient.
+    """
+    z, tanh = _tile_logits(hidden, weight, bias, temperature, softcap)  # (n, V)
+    logp = z.sub_(log_normalizer.unsqueeze(-1))  # (n, V), in z's buffer
+    grad_z = logp.exp()  # p (n, V), the second buffer, which becomes the result
+    if grad_entropy is not None:
+        scale = logp.add_(entropy.unsqueeze(-1)).mul_(grad_entropy.unsqueeze(-1))  # e (lp + H), in z's buffer
+        grad_z.mul_(scale if grad_logps is None else scale.add_(grad_logps.unsqueeze(-1))).neg_()
+    elif grad_logps is not None:
+        grad_z.mul_(grad_logps.unsqueeze(-1)).neg_()
+    else:
+        grad_z.zero_()
+    del z, logp
+    if grad_logps is not None:
+        grad_z.scatter_add_(-1, targets.unsqueeze(-1), grad_logps.unsqueeze(-1).float())
+    if temperature != 1.0:
+        grad_z.div_(temperature)  # now d/dl of the unscaled logits l = (soft-capped) h W^T + b
+    if tanh is not None:
+        grad_z.mul_(tanh.square_().neg_().add_(1))  # d(cap tanh(l / cap)) / dl = 1 - tanh^2
+    return grad_z
 
 
 def tiled_head_logprobs(
