@@ -95,15 +95,18 @@ class RLOOConfig:
     """Set every dropout probability of the policy to 0, so that log-probs at sampling and at
     training time come from the same function (as TRL does by default)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory at the cost of compute."""
+    """Recompute activations in the backward pass to save memory at the cost of compute: whole decoder
+    layers (transformers' checkpointing), or with shared_prefix_forward each layer's MLP only, since
+    the attention there reads the prompt's KV cache (on SmolLM2-135M, about half of the activations:
+    docs/recipes.md)."""
     shared_prefix_forward: bool = False
     """Training forward with each distinct prompt of a micro-batch run once and its completions on
     copies of its KV cache (kept in the autograd graph): the same log-probs and gradients as running
     every row whole. Pays where the decoder dominates, most on long prompts (3.6x at prompt 512 /
     completion 64, 5.3x at 1024 / 32 on CPU; about even where a large LM head dominates:
     benchmarks/shared_prefix.py, docs/algorithm.md). Needs a model whose KV cache is plain full
-    attention (no sliding window); not with gradient_checkpointing, under which transformers keeps no
-    cache. Off by default."""
+    attention (no sliding window); with gradient_checkpointing, the MLPs are recomputed and the
+    attention's activations kept. Off by default."""
     bf16: bool | None = None
     """Run forward and backward passes under bf16 autocast (accelerate mixed precision). None (default)
     means auto: on where a CUDA GPU supports bf16, off on CPU and older GPUs. An explicit value is used

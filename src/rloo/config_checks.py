@@ -105,11 +105,6 @@ def _check_batch_sizes(c: RLOOConfig) -> None:
 
 def _check_optimizer(c: RLOOConfig) -> None:
     require(c.learning_rate > 0, f"learning_rate must be > 0, got {c.learning_rate!r}.")
-    # transformers turns the KV cache off under gradient checkpointing, and the shared-prefix
-    # forward runs the completions on their prompt's cache.
-    require(not (c.shared_prefix_forward and c.gradient_checkpointing),
-            "shared_prefix_forward and gradient_checkpointing cannot both be on: under checkpointing "
-            "transformers keeps no KV cache for the completions to share. Turn one of them off.")
     require(c.lr_scheduler_type in LR_SCHEDULERS,
             f"lr_scheduler_type must be one of {LR_SCHEDULERS}, got {c.lr_scheduler_type!r}.")
     require(0.0 <= c.warmup_ratio <= 1.0, f"warmup_ratio must be in [0, 1], got {c.warmup_ratio!r}.")

@@ -5,11 +5,13 @@ policy with a `peft_config` into QLoRA (k-bit base prepared for training, LoRA a
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.utils.checkpoint
 
 from rloo.config import ConfigError, RLOOConfig
 
@@ -68,9 +70,54 @@ def prepare_quantized(policy: torch.nn.Module, peft_config: Any, args: RLOOConfi
                          "trained directly. Pass a peft_config (QLoRA) or drop the quantization_config.")
     from peft import prepare_model_for_kbit_training
 
+    # Under shared_prefix_forward the builder checkpoints the MLPs instead (`checkpoint_mlps`).
     return prepare_model_for_kbit_training(
-        policy, use_gradient_checkpointing=args.gradient_checkpointing,
+        policy, use_gradient_checkpointing=args.gradient_checkpointing and not args.shared_prefix_forward,
         gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def checkpoint_mlps(model: torch.nn.Module) -> int:
+    """Recompute every decoder layer's MLP in the backward pass instead of keeping its activations.
+
+    gradient_checkpointing under shared_prefix_forward. transformers' checkpointing recomputes whole
+    layers and so turns the KV cache off, which the shared-prefix forward runs the completions on; the
+    MLP reads no cache, and its intermediates (gate, up, act(gate), their product: four of the
+    intermediate size per token in a SwiGLU MLP) are about half of a layer's saved activations. The
+    attention's are kept. Each MLP becomes a `CheckpointedMLP` of its own class (non-reentrant torch
+    checkpoint, the RNG state preserved for dropout); without grad or in eval mode it runs as before.
+
+    Returns the number of MLPs wrapped; raises ConfigError when the model's decoder layers have none.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    wrapped = 0
+    for layer in model.modules():
+        mlp = getattr(layer, "mlp", None)
+        if not isinstance(layer, GradientCheckpointingLayer) or not isinstance(mlp, torch.nn.Module):
+            continue
+        if not isinstance(mlp, CheckpointedMLP):
+            # A subclass, not a wrapped bound method: a deep copy (the reference model) must run its own weights.
+            mlp.__class__ = _checkpointed_class(type(mlp))
+        wrapped += 1
+    if not wrapped:
+        raise ConfigError("gradient_checkpointing with shared_prefix_forward recomputes each decoder layer's `mlp` "
+                          "module, and this model's layers have none. Turn shared_prefix_forward off (transformers' "
+                          "own checkpointing then recomputes whole layers) or gradient_checkpointing off.")
+    return wrapped
+
+
+class CheckpointedMLP(torch.nn.Module):
+    """Mixed into an MLP's class by `checkpoint_mlps`: its forward, recomputed in backward when training."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(super().forward, *args, use_reentrant=False, **kwargs)
+        return super().forward(*args, **kwargs)
+
+
+@functools.cache
+def _checkpointed_class(mlp_class: type) -> type:
+    return type(f"Checkpointed{mlp_class.__name__}", (CheckpointedMLP, mlp_class), {})
 
 
 def from_pretrained(load: Callable[..., Any], name: str, what: str = "model", **kwargs: Any) -> Any:

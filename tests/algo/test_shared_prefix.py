@@ -120,13 +120,112 @@ def test_logits_path_when_the_head_is_out_of_reach(make_model, monkeypatch):
     torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=1e-5)
 
 
-def test_shared_prefix_forward_refuses_gradient_checkpointing(make_model):
-    from rloo import RLOOConfig
-    from rloo.config import ConfigError
-
-    with pytest.raises(ConfigError, match="shared_prefix_forward and gradient_checkpointing cannot both be on"):
-        RLOOConfig(shared_prefix_forward=True, gradient_checkpointing=True)
+def test_shared_prefix_forward_refuses_a_model_with_transformers_checkpointing_on(make_model):
     model = make_model()
     model.gradient_checkpointing_enable()
     with pytest.raises(ValueError, match="transformers turns off under gradient checkpointing"):
         prefix_logprobs.check_shared_prompt_model(model)
+
+
+def saved_activations(model, forward):
+    """The distinct tensors autograd keeps for backward (not the parameters), as {storage: shape}."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        key = tensor.untyped_storage().data_ptr()
+        if key not in params:
+            saved.setdefault(key, tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = forward()
+    return saved, out
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "gpt2"])
+def test_checkpointed_mlps_keep_no_mlp_activations_and_the_same_gradients(make_model, tokenizer, architecture):
+    """gradient_checkpointing with shared_prefix_forward (`model_loading.checkpoint_mlps`): no tensor of the
+    MLP's width is kept for backward, and log-probs and gradients are those of the plain forward."""
+    from rloo.model_loading import checkpoint_mlps
+
+    model = make_model(seed=5) if architecture == "qwen2" else gpt2_model(tokenizer, n_positions=64)
+    width = getattr(model.config, "intermediate_size", None) or 4 * model.config.hidden_size  # GPT-2: n_inner None
+    gen = torch.Generator().manual_seed(2)
+    prompt_ids = torch.randint(3, model.config.vocab_size, (2, 6), generator=gen).repeat_interleave(3, 0)
+    completion_ids = torch.randint(3, model.config.vocab_size, (6, 5), generator=gen)
+    masks = torch.ones_like(prompt_ids), torch.ones_like(completion_ids)
+    model.train()  # checkpointing applies in training mode; no dropout, as the trainer's disable_dropout does
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        saved, (logps, _) = saved_activations(model, lambda: shared_prompt_logprobs(
+            model, prompt_ids, masks[0], completion_ids, masks[1], 0.9, with_entropy=True))
+        logps.sum().backward()
+        return saved, logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain_saved, want_logps, want_grads = run()
+    assert any(shape[-1] == width for shape in plain_saved.values())  # the MLP's intermediates, kept
+    assert checkpoint_mlps(model) == model.config.num_hidden_layers
+    saved, logps, grads = run()
+    assert not any(shape[-1] == width for shape in saved.values()), sorted(set(saved.values()))
+    assert len(saved) < len(plain_saved)
+    torch.testing.assert_close(logps, want_logps, atol=0, rtol=0)
+    for name in want_grads:
+        torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_copy_of_a_checkpointed_model_runs_its_own_weights(make_model):
+    """The reference is a deep copy of the policy: its checkpointed MLPs must compute with the copy's weights,
+    in training mode and in eval mode (a wrapped bound method would still point at the original's)."""
+    import copy
+
+    from rloo.model_loading import checkpoint_mlps
+
+    model = make_model(seed=6)
+    checkpoint_mlps(model)
+    reference = copy.deepcopy(model)
+    ids = torch.randint(3, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    for train in (True, False):
+        model.train(train)
+        reference.train(train)
+        before = reference(ids).logits.detach()
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(0.1)
+        torch.testing.assert_close(reference(ids).logits.detach(), before, atol=0, rtol=0)
+        assert not torch.allclose(model(ids).logits, before)
+
+
+def test_checkpoint_mlps_refuses_a_model_without_mlps():
+    from rloo.config import ConfigError
+    from rloo.model_loading import checkpoint_mlps
+
+    with pytest.raises(ConfigError, match="recomputes each decoder layer's `mlp`"):
+        checkpoint_mlps(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_trainer_with_gradient_checkpointing_and_the_shared_prefix_forward(tmp_path, make_model, tokenizer):
+    """Both on: the MLPs are checkpointed, transformers' whole-layer checkpointing (which drops the cache) is
+    not, and a step trains."""
+    from datasets import Dataset
+
+    from conftest import digit_fraction
+    from rloo import RLOOConfig, RLOOTrainer
+    from rloo.model_loading import CheckpointedMLP
+
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=4, beta=0.0, max_steps=1, save_steps=0, report_to=[],
+                      shared_prefix_forward=True, gradient_checkpointing=True)
+    trainer = RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=Dataset.from_list([{"prompt": "1+1="}]),
+                          processing_class=tokenizer)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    assert not model.is_gradient_checkpointing
+    assert all(isinstance(layer.mlp, CheckpointedMLP) for layer in model.model.layers)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.train()
+    assert trainer.global_step == 1
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))

@@ -55,9 +55,14 @@ def check_shared_prompt_model(model: torch.nn.Module) -> None:
         raise ValueError("shared_prefix_forward needs a decoder whose KV cache is plain full attention (no sliding "
                          "window or recurrent layers), so that completions can run on a copy of their prompt's "
                          "cache; turn shared_prefix_forward off for this model.")
-    if getattr(getattr(model, "module", model), "is_gradient_checkpointing", False):
+    inner = getattr(model, "module", model)
+    # Newer transformers renamed is_gradient_checkpointing (which now warns) to is_activation_checkpointing.
+    name = "is_activation_checkpointing" if hasattr(type(inner), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    if getattr(inner, name, False):
         raise ValueError("shared_prefix_forward needs the KV cache, which transformers turns off under gradient "
-                         "checkpointing; disable gradient checkpointing on the model or turn shared_prefix_forward off.")
+                         "checkpointing; call model.gradient_checkpointing_disable() and set gradient_checkpointing=True "
+                         "in the config instead (with shared_prefix_forward it recomputes each layer's MLP), or turn "
+                         "shared_prefix_forward off.")
 
 
 @torch.no_grad()
