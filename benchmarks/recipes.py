@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's rloo wins over any inst
 # Settings both configs share by name; everything else in the recipe is rloo-only or the same default.
 SHARED = ["num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
           "temperature", "learning_rate", "lr_scheduler_type", "max_grad_norm", "beta", "reward_weights",
-          "max_steps", "seed", "logging_steps"]
+          "max_steps", "seed", "logging_steps", "gradient_checkpointing"]
 RLOO_ONLY = ["max_prompt_length", "shared_prefix_forward"]  # no TRL counterpart: rloo's runs take them from the recipe
 # Recipe settings that change the reward and that TRL 1.16's RLOOTrainer lacks: left out of a comparison with TRL,
 # so both trainers optimise the same reward.
@@ -168,7 +168,9 @@ def build_trainer(system: str, recipe: dict, model, tokenizer, rewards, output_d
     if system == "trl":
         from trl import RLOOConfig, RLOOTrainer
 
-        args = RLOOConfig(**shared, output_dir=output_dir, gradient_checkpointing=False, disable_dropout=True,
+        # gradient_checkpointing is on in TRL's defaults and off in rloo's: off for both unless --set turns it on.
+        shared.setdefault("gradient_checkpointing", False)
+        args = RLOOConfig(**shared, output_dir=output_dir, disable_dropout=True,
                           use_vllm=False, report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=True,
                           bf16=False, top_p=1.0, top_k=0, dataloader_num_workers=0, warmup_steps=0, weight_decay=0.0)
         return RLOOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=train_dataset(recipe),
