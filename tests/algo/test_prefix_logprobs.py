@@ -146,3 +146,32 @@ def test_lora_reference_pass_shares_prompts_with_adapters_disabled(tmp_path, mak
     assert len(calls) == 1
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert (plain(policy, *batch, 1.0) - want).abs().max() > 1e-3  # the adapters were off for the reference
+
+
+def test_the_kv_cache_goes_by_the_name_the_model_takes(make_model):
+    """transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns, and goes in 5.40):
+    rloo's cache passes use whichever name the model's forward has, through DDP and PEFT wrappers."""
+    import inspect
+
+    from peft import LoraConfig, get_peft_model
+
+    from rloo.algo.logprobs import cache_argument
+
+    model = make_model()
+    parameters = inspect.signature(type(model).forward).parameters
+    expected = "cache" if "cache" in parameters and "past_key_values" not in parameters else "past_key_values"
+    assert cache_argument(model) == expected
+    assert cache_argument(get_peft_model(make_model(), LoraConfig(r=2, target_modules=["q_proj"]))) == expected
+
+    class Wrapped(torch.nn.Module):  # what DDP and accelerate's wrapping look like from outside
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    assert cache_argument(Wrapped(model)) == expected
+
+    class OlderModel(torch.nn.Module):  # transformers before the rename, or remote code
+        def forward(self, input_ids, past_key_values=None, use_cache=None):
+            return input_ids
+
+    assert cache_argument(OlderModel()) == "past_key_values"

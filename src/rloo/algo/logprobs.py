@@ -11,6 +11,9 @@ scale after the head) take the plain path: logits of the completion positions on
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from rloo.algo.lm_head import tiled_head_logprobs
@@ -197,6 +200,20 @@ def reachable_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     if getattr(config, "logit_scale", 1.0) not in (None, 1.0) or getattr(config, "logits_scaling", 1.0) not in (None, 1.0):
         return None
     return head
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The keyword a model's forward takes its KV cache by: "cache" where transformers has it (5.24 deprecates
+    "past_key_values", to be removed in 5.40), else "past_key_values" (older transformers, remote code)."""
+    inner = getattr(model, "module", model)  # DDP / accelerate
+    base = inner.get_base_model() if callable(getattr(inner, "get_base_model", None)) else inner  # PEFT
+    return _cache_argument(type(base))
+
+
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters and "past_key_values" not in parameters else "past_key_values"
 
 
 def run_to_head(model: torch.nn.Module, head: torch.nn.Linear | None, sink: dict | None = None,

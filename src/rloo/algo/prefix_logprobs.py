@@ -25,7 +25,14 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rloo.algo.logprobs import is_right_padded, logprobs_from_states, position_ids_from_mask, reachable_head, run_to_head
+from rloo.algo.logprobs import (
+    cache_argument,
+    is_right_padded,
+    logprobs_from_states,
+    position_ids_from_mask,
+    reachable_head,
+    run_to_head,
+)
 
 
 def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int) -> bool:
@@ -154,7 +161,7 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
     cache = DynamicCache(config=config)
     # Step 1: the n distinct prompts once; the last position predicts the first completion token.
     first = run_to_head(model, head, input_ids=unique_ids, attention_mask=unique_mask,
-                        position_ids=position_ids_from_mask(unique_mask), past_key_values=cache, use_cache=True,
+                        position_ids=position_ids_from_mask(unique_mask), **{cache_argument(model): cache}, use_cache=True,
                         logits_to_keep=1)[:, -1]  # (n, H) or (n, V)
     prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer (n, heads, P, D) each
     # A completion's right padding stays unmasked (causal attention keeps real tokens from seeing it):
@@ -177,7 +184,7 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
                                                        for keys, values in prompt_kv])
             later = run_to_head(model, head, input_ids=completion_ids[rows, :-1],
                                 attention_mask=attention_mask[rows, :-1], position_ids=positions[rows, :-1],
-                                past_key_values=block_cache, use_cache=True,
+                                **{cache_argument(model): block_cache}, use_cache=True,
                                 logits_to_keep=0)  # (r, C - 1, H) or (r, C - 1, V)
             states = torch.cat([states, later], dim=1)  # (r, C, H) or (r, C, V)
         block_logps, block_entropy = logprobs_from_states(model, head, states, completion_ids[rows],
