@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -29,13 +28,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 import recipes  # noqa: E402  (benchmarks/recipes.py: the recipe loading and trainer building both scripts share)
+from memory import rss_bytes  # noqa: E402  (benchmarks/memory.py)
 
 INTERVAL_S = 0.02
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 class StageTrace:
@@ -47,7 +42,7 @@ class StageTrace:
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((self.stage, rss_mb()))
+            self.samples.append((self.stage, rss_bytes() / 2**20))
             time.sleep(INTERVAL_S)
 
     def start(self) -> None:

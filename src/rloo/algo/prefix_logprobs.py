@@ -158,10 +158,10 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
     config = getattr(model, "module", model).config
     first_rows = torch.cat([owner.new_zeros(1), (owner[1:] != owner[:-1]).nonzero().flatten() + 1])  # (n,)
     unique_ids, unique_mask = prompt_ids[first_rows], prompt_mask[first_rows]  # (n, P)
-    cache = DynamicCache(config=config)
+    cache, cache_name = DynamicCache(config=config), cache_argument(model)
     # Step 1: the n distinct prompts once; the last position predicts the first completion token.
     first = run_to_head(model, head, input_ids=unique_ids, attention_mask=unique_mask,
-                        position_ids=position_ids_from_mask(unique_mask), **{cache_argument(model): cache}, use_cache=True,
+                        position_ids=position_ids_from_mask(unique_mask), **{cache_name: cache}, use_cache=True,
                         logits_to_keep=1)[:, -1]  # (n, H) or (n, V)
     prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer (n, heads, P, D) each
     # A completion's right padding stays unmasked (causal attention keeps real tokens from seeing it):
@@ -184,7 +184,7 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
                                                        for keys, values in prompt_kv])
             later = run_to_head(model, head, input_ids=completion_ids[rows, :-1],
                                 attention_mask=attention_mask[rows, :-1], position_ids=positions[rows, :-1],
-                                **{cache_argument(model): block_cache}, use_cache=True,
+                                **{cache_name: block_cache}, use_cache=True,
                                 logits_to_keep=0)  # (r, C - 1, H) or (r, C - 1, V)
             states = torch.cat([states, later], dim=1)  # (r, C, H) or (r, C, V)
         block_logps, block_entropy = logprobs_from_states(model, head, states, completion_ids[rows],

@@ -120,9 +120,10 @@ class FastSampler(SamplingSettings):
         and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
         trainer computes them)."""
         cache = append_in_place_cache(model.config, room=self.max_new_tokens)
+        cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
         if can_repeat_rows(cache):  # one prefill per prompt; every sample continues from a copy of it
             prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                            position_ids=position_ids_from_mask(prompt_mask), **{cache_argument(model): cache}, use_cache=True,
+                            position_ids=position_ids_from_mask(prompt_mask), **{cache_name: cache}, use_cache=True,
                             logits_to_keep=1)
             cache.batch_repeat_interleave(k)
             next_logits = prefill.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V), B = N*K
@@ -130,7 +131,7 @@ class FastSampler(SamplingSettings):
             _note_prefill_per_sample(cache)
             repeated_ids, repeated_mask = prompt_ids.repeat_interleave(k, dim=0), prompt_mask.repeat_interleave(k, dim=0)
             prefill = model(input_ids=repeated_ids, attention_mask=repeated_mask,
-                            position_ids=position_ids_from_mask(repeated_mask), **{cache_argument(model): cache}, use_cache=True,
+                            position_ids=position_ids_from_mask(repeated_mask), **{cache_name: cache}, use_cache=True,
                             logits_to_keep=1)
             next_logits = prefill.logits[:, -1]  # (B, V)
         attention_mask = prompt_mask.repeat_interleave(k, dim=0)  # (B, P), grows by one column a step
@@ -150,7 +151,7 @@ class FastSampler(SamplingSettings):
                 break
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
             output = model(input_ids=token.unsqueeze(1), attention_mask=attention_mask, position_ids=next_position,
-                           **{cache_argument(model): cache}, use_cache=True)
+                           **{cache_name: cache}, use_cache=True)
             next_logits = output.logits[:, -1]
             next_position = next_position + 1
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
