@@ -17,8 +17,9 @@ what they score. Each run reports:
   first --eval-size rows): accuracy and format rate (gsm8k), pass@1 (code), the reward model's mean score
   (tldr); before training (once) and after each run;
 - seconds per optimizer step (train() alone; loading and evaluation are outside the clock), wall and
-  CPU (user + system: on shared cores wall time measures the neighbours as much as the trainer), and
-  peak RSS of the process;
+  CPU (user + system: on shared cores wall time measures the neighbours as much as the trainer), the
+  peak RSS of the process and its growth during train() (the peak less the RSS once the model is loaded
+  and the trainer built: what training itself adds, the measure the project's memory figures use);
 - the first held-out completions before and after, to read what was learned.
 
 With --parallel the systems of a seed train at the same time, each with --threads threads (so that
@@ -46,6 +47,9 @@ import yaml
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's rloo wins over any installed copy
+sys.path.insert(0, str(HERE))
+
+from memory import rss_bytes  # noqa: E402  (benchmarks/memory.py)
 
 # Settings both configs share by name; everything else in the recipe is rloo-only or the same default.
 SHARED = ["num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
@@ -225,6 +229,7 @@ def run_worker(spec: dict) -> dict:
     rewards = reward_functions(recipe)
     with tempfile.TemporaryDirectory() as output_dir:
         trainer = build_trainer(spec["system"], recipe, model, tokenizer, rewards, output_dir)
+        rss_before_train_mb = rss_bytes() / 2**20
         start, cpu_start = time.perf_counter(), process_cpu_seconds()
         trainer.train()
         seconds, cpu_seconds = time.perf_counter() - start, process_cpu_seconds() - cpu_start
@@ -239,7 +244,8 @@ def run_worker(spec: dict) -> dict:
                 for i in range(min(len(c) for c in curves.values()))]
     return {"system": spec["system"], "seed": recipe["seed"], "steps": recipe["max_steps"],
             "seconds_per_step": seconds / recipe["max_steps"], "cpu_seconds_per_step": cpu_seconds / recipe["max_steps"],
-            "peak_rss_mb": peak_rss_mb,
+            "peak_rss_mb": peak_rss_mb, "rss_before_train_mb": rss_before_train_mb,
+            "growth_in_train_mb": peak_rss_mb - rss_before_train_mb,
             "reward_curve": weighted, "reward_function_curves": curves,
             "rloo_only": recipe.get("rloo_only", {}) if spec["system"] == "rloo" else {},
             "held_out": evaluate()}
@@ -342,7 +348,8 @@ def main() -> None:
                 results["runs"].append(run)
                 held = run["held_out"]["scores"] if run["held_out"] else "not measured"
                 print(f"{run['system']} seed {seed}: {run['seconds_per_step']:.1f} s/step "
-                      f"({run['cpu_seconds_per_step']:.1f} CPU s), peak RSS {run['peak_rss_mb']:.0f} MB, "
+                      f"({run['cpu_seconds_per_step']:.1f} CPU s), peak RSS {run['peak_rss_mb']:.0f} MB "
+                      f"({run['growth_in_train_mb']:.0f} MB grown in train()), "
                       f"reward {[round(r, 3) for r in run['reward_curve']]}, held-out {held}", flush=True)
                 out.write_text(json.dumps(results, indent=1))
     plot(results, ROOT / "docs" / f"{name}.png")
