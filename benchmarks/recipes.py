@@ -4,12 +4,14 @@
     nice -n 10 python benchmarks/recipes.py --recipe gsm8k --steps 10 --seeds 0 --eval-size 32
     python benchmarks/recipes.py --recipe gsm8k --steps 40 --set learning_rate=2e-5 --parallel --threads 1
     python benchmarks/recipes.py --systems rloo --steps 6 --eval-size 0 --rloo-set async_rollouts=true --tag async
+    python benchmarks/recipes.py --steps 3 --eval-size 0 --lora 16 --set learning_rate=1e-4 --tag lora
 
 Both trainers read the same settings from recipes/<recipe>_cpu.yaml (--steps overrides max_steps, --set
 KEY=VALUE a shared setting for both, --rloo-set KEY=VALUE rloo's alone; a recipe setting that changes the reward
 and that TRL lacks, missing_eos_penalty, is left out when TRL runs), train SmolLM2-135M-Instruct in
 a fresh process each with the same seed and threads, and call the same reward functions, which record
-what they score. Each run reports:
+what they score (--lora RANK: the same LoRA adapters on every linear layer for both, in place of a full
+fine-tune). Each run reports:
 
 - the reward curve: the mean weighted reward of each optimizer step's completions, and each reward
   function's mean;
@@ -167,8 +169,16 @@ def train_dataset(recipe: dict):
     return load_prompt_dataset(str(ROOT / recipe["dataset_name"]), recipe.get("dataset_split", "train"))
 
 
-def build_trainer(system: str, recipe: dict, model, tokenizer, rewards, output_dir: str):
+def lora_config(rank: int):
+    """The same adapters for both trainers: every linear layer of the decoder, alpha = 2 x rank."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def build_trainer(system: str, recipe: dict, model, tokenizer, rewards, output_dir: str, lora_rank: int = 0):
     shared = {k: recipe[k] for k in SHARED if k in recipe}
+    peft_config = lora_config(lora_rank) if lora_rank else None
     if system == "trl":
         from trl import RLOOConfig, RLOOTrainer
 
@@ -178,13 +188,14 @@ def build_trainer(system: str, recipe: dict, model, tokenizer, rewards, output_d
                           use_vllm=False, report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=True,
                           bf16=False, top_p=1.0, top_k=0, dataloader_num_workers=0, warmup_steps=0, weight_decay=0.0)
         return RLOOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=train_dataset(recipe),
-                           processing_class=tokenizer)
+                           processing_class=tokenizer, peft_config=peft_config)
     from rloo import RLOOConfig, RLOOTrainer
 
     only = {**{k: recipe[k] for k in RLOO_ONLY if k in recipe}, **recipe.get("rloo_only", {})}
     args = RLOOConfig(**shared, **only, output_dir=output_dir, save_steps=0, bf16=False, top_p=1.0, top_k=0,
                       report_to=[], warmup_steps=0, weight_decay=0.0)
-    return RLOOTrainer(model, rewards, args=args, train_dataset=train_dataset(recipe), processing_class=tokenizer)
+    return RLOOTrainer(model, rewards, args=args, train_dataset=train_dataset(recipe), processing_class=tokenizer,
+                       peft_config=peft_config)
 
 
 def load_model(recipe: dict):
@@ -228,7 +239,7 @@ def run_worker(spec: dict) -> dict:
         return {"system": "base", "held_out": evaluate()}
     rewards = reward_functions(recipe)
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = build_trainer(spec["system"], recipe, model, tokenizer, rewards, output_dir)
+        trainer = build_trainer(spec["system"], recipe, model, tokenizer, rewards, output_dir, spec["lora"])
         rss_before_train_mb = rss_bytes() / 2**20
         start, cpu_start = time.perf_counter(), process_cpu_seconds()
         trainer.train()
@@ -321,6 +332,8 @@ def main() -> None:
                         help=f"a setting for both trainers, one of {SHARED}")
     parser.add_argument("--rloo-set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="an RLOOConfig setting for rloo's runs alone, e.g. async_rollouts=true")
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK",
+                        help="train LoRA adapters of this rank on every linear layer (both trainers) instead of all weights")
     parser.add_argument("--parallel", action="store_true", help="train a seed's systems at the same time")
     parser.add_argument("--tag", default="", help="suffix of the output files' names")
     options = parser.parse_args()
@@ -333,9 +346,9 @@ def main() -> None:
                          f"{sorted(set(settings) - set(SHARED))}")
     drop = options.drop + (NOT_IN_TRL if "trl" in options.systems else [])
     recipe = {**load_recipe(options.recipe, options.steps, drop, settings), "rloo_only": key_values(options.rloo_set)}
-    common = {"name": options.recipe, "eval_size": options.eval_size, "threads": options.threads}
+    common = {"name": options.recipe, "eval_size": options.eval_size, "threads": options.threads, "lora": options.lora}
     results = {"recipe": options.recipe, "settings": recipe, "left_out": drop, "eval_size": options.eval_size,
-               "threads": options.threads,
+               "threads": options.threads, "lora_rank": options.lora,
                "parallel": options.parallel, "base": spawn({**common, "system": "base", "recipe": recipe}), "runs": []}
     if results["base"]["held_out"] is not None:
         print("base", json.dumps(results["base"]["held_out"]["scores"]), flush=True)

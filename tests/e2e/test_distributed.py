@@ -30,13 +30,17 @@ def test_two_processes_keep_groups_whole_and_weights_in_sync(tmp_path):
 
 def test_two_processes_with_the_shared_prefix_forward_train_like_the_whole_row_pass(tmp_path):
     # The shared-prefix forward calls the DDP-wrapped model twice (prompts, then completions) before
-    # one backward: DDP must still average the same gradients.
-    checksums = []
-    for variant in ("whole", "shared"):
-        extra = ["--shared_prefix_forward"] if variant == "shared" else []
+    # one backward: DDP must still average the same gradients, also when each MLP is recomputed in
+    # backward (gradient checkpointing under the shared prefix) and so runs again inside DDP's backward.
+    variants = {"whole": [], "shared": ["--shared_prefix_forward"],
+                "shared_checkpointed": ["--shared_prefix_forward", "--gradient_checkpointing"]}
+    checksums = {}
+    for variant, extra in variants.items():
         result = torchrun(Path(__file__).parents[1] / "scripts" / "distributed_run.py", tmp_path / variant, *extra)
         assert result.returncode == 0, result.stderr[-3000:]
         ranks = [json.loads((tmp_path / variant / f"rank{r}.json").read_text()) for r in range(2)]
         assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
-        checksums.append(ranks[0]["checksum"])
-    assert checksums[1] == pytest.approx(checksums[0], rel=1e-6)
+        assert [r["checkpointed_mlps"] for r in ranks] == [2 if variant == "shared_checkpointed" else 0] * 2
+        checksums[variant] = ranks[0]["checksum"]
+    assert checksums["shared"] == pytest.approx(checksums["whole"], rel=1e-6)
+    assert checksums["shared_checkpointed"] == pytest.approx(checksums["whole"], rel=1e-6)

@@ -9,6 +9,7 @@ import torch
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.model_loading import CheckpointedMLP
 from rloo.toy import build_char_tokenizer, build_tiny_model
 
 torch.set_num_threads(1)
@@ -27,11 +28,13 @@ def digit_fraction(prompts, completions):
 args = RLOOConfig(output_dir=str(out / "run"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
                   num_generations=4, max_completion_length=5, learning_rate=1e-2, beta=0.1, max_steps=3,
                   logging_steps=1, save_steps=0, use_cpu="--use_cpu" in sys.argv,
-                  shared_prefix_forward="--shared_prefix_forward" in sys.argv)
+                  shared_prefix_forward="--shared_prefix_forward" in sys.argv,
+                  gradient_checkpointing="--gradient_checkpointing" in sys.argv)
 trainer = RLOOTrainer(model, digit_fraction, args=args, train_dataset=dataset, processing_class=tokenizer)
 trainer.train()
 checksum = sum(p.double().sum().item() for p in trainer.model.parameters())
 rank = trainer.accelerator.process_index
 (out / f"rank{rank}.json").write_text(json.dumps({
     "num_processes": trainer.accelerator.num_processes, "seen": seen, "checksum": checksum, "episode": trainer.episode,
+    "checkpointed_mlps": sum(isinstance(module, CheckpointedMLP) for module in trainer.model.modules()),
 }))
