@@ -3,6 +3,7 @@
     python recipes/prepare.py gsm8k smollm2 --gsm8k-dir ../shared/data/gsm8k
     python benchmarks/memory_trace.py --recipe gsm8k --steps 2
     python benchmarks/memory_trace.py --recipe gsm8k --steps 2 --rloo-set gradient_checkpointing=true
+    python benchmarks/memory_trace.py --recipe gsm8k --steps 2 --lora 16 --tag lora
 
 Trains rloo on a recipe's CPU variant (recipes/<recipe>_cpu.yaml, as benchmarks/recipes.py runs it, one
 thread) and prints each stretch of one stage in order: its label, the RSS when it began, its peak, and its
@@ -80,6 +81,7 @@ def main() -> None:
     parser.add_argument("--recipe", choices=["code", "gsm8k", "tldr"], default="gsm8k")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rloo-set", nargs="+", default=[], metavar="KEY=VALUE", help="an RLOOConfig field for rloo")
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK", help="LoRA adapters of this rank (recipes.py --lora)")
     parser.add_argument("--tag", default="")
     options = parser.parse_args()
 
@@ -93,7 +95,7 @@ def main() -> None:
     trace.stage = "build"
     rewards = recipes.reward_functions(recipe)
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = recipes.build_trainer("rloo", recipe, model, tokenizer, rewards, output_dir)
+        trainer = recipes.build_trainer("rloo", recipe, model, tokenizer, rewards, output_dir, options.lora)
         trace.wrap(trainer.collector, "collect", "score")
         trace.wrap(trainer.sampler, "sample", "sample")
         trace.wrap(trainer.learner, "accumulate_gradients", "learn")
@@ -103,7 +105,8 @@ def main() -> None:
     trace.stop()
 
     stretches = trace.stretches()
-    print(f"{options.recipe}, {options.steps} steps, rloo settings {recipes.key_values(options.rloo_set) or 'the recipe'}")
+    settings = recipes.key_values(options.rloo_set) or "the recipe"
+    print(f"{options.recipe}, {options.steps} steps, rloo settings {settings}, LoRA rank {options.lora or 'none'}")
     print("| stage | RSS at start MB | peak MB | seconds |\n|---|---:|---:|---:|")
     for stretch in stretches:
         print(f"| {stretch['stage']} | {stretch['rss_start_mb']:.0f} | {stretch['peak_mb']:.0f} | {stretch['seconds']:.1f} |")
@@ -112,6 +115,7 @@ def main() -> None:
     name = f"memory_trace_{options.recipe}" + (f"_{options.tag}" if options.tag else "")
     out = HERE / "results" / f"{name}.json"
     out.write_text(json.dumps({"recipe": options.recipe, "steps": options.steps, "rloo_set": options.rloo_set,
+                               "lora": options.lora,
                                "peak_mb": peak, "stretches": stretches}, indent=2) + "\n")
     print(f"wrote {out.relative_to(HERE.parent)}")
 

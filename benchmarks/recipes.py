@@ -20,8 +20,9 @@ fine-tune). Each run reports:
   (tldr); before training (once) and after each run;
 - seconds per optimizer step (train() alone; loading and evaluation are outside the clock), wall and
   CPU (user + system: on shared cores wall time measures the neighbours as much as the trainer), the
-  peak RSS of the process and its growth during train() (the peak less the RSS once the model is loaded
-  and the trainer built: what training itself adds, the measure the project's memory figures use);
+  peak RSS of the process and its growth during train() (the peak less the RSS once the model is loaded,
+  every weight read in, and the trainer built: what training itself adds, the measure the project's memory
+  figures use);
 - the first held-out completions before and after, to read what was learned.
 
 With --parallel the systems of a seed train at the same time, each with --threads threads (so that
@@ -206,6 +207,11 @@ def load_model(recipe: dict):
     folder = ROOT / recipe["model_name_or_path"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    # The safetensors weights are memory-mapped and read in at first use: read them all now, so that the RSS
+    # before train() holds the whole model and the growth in train() is what training adds (for both trainers).
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.sum()
     return model, tokenizer
 
 
