@@ -109,6 +109,34 @@ def test_same_statistics_as_generate_sampler(make_model, tokenizer):
     assert abs(hotter_mean - reference_mean) > 8 * (fast_error ** 2 + reference_error ** 2) ** 0.5
 
 
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.8, 0, 1.0), (1.0, 5, 0.9)])
+def test_from_the_same_random_state_draws_the_tokens_generate_draws(make_model, tokenizer, temperature, top_k, top_p):
+    """One prompt's K samples, as TRL samples them (`generate` on the prompt repeated K times): the
+    same filtered distribution and the same multinomial call per position consume the same random
+    numbers, so the draws agree token for token (on the real model too: benchmarks/sampler_vs_generate.py).
+    A slight change of the distribution can leave every draw as it was (a draw moves only when the
+    cumulative probability crosses its random number); the statistics test above measures those."""
+    model = _peaked(make_model(seed=3))
+    prompt = _prompts(tokenizer, ["12+30="])[0]
+    k, new_tokens = 6, 8
+    torch.manual_seed(7)
+    fast = FastSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], new_tokens, temperature=temperature,
+                       top_k=top_k, top_p=top_p).sample(model, [prompt], k)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        generated = model.generate(torch.tensor([prompt] * k), attention_mask=torch.ones(k, len(prompt), dtype=torch.long),
+                                   do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p,
+                                   max_new_tokens=new_tokens, eos_token_id=tokenizer.eos_token_id,
+                                   pad_token_id=tokenizer.pad_token_id)[:, len(prompt):]
+    drawn = [ids[:int(m.sum())].tolist() for ids, m in zip(fast.completion_ids, fast.completion_mask)]
+    expected = []
+    for ids in generated.tolist():
+        end = ids.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in ids else len(ids)
+        expected.append(ids[:end])
+    assert len({tuple(d) for d in drawn}) > 1  # the draws differ between samples: this compares sampling
+    assert drawn == expected
+
+
 def test_stops_once_every_row_has_ended_and_prefills_each_prompt_once(make_model, tokenizer):
     model = make_model()
     rows_seen = []
