@@ -41,7 +41,7 @@ def draw(system: str, prompts: int, seed: int) -> dict:
     recipe = recipes.load_recipe("gsm8k", 1, [], {})
     model, tokenizer = recipes.load_model(recipe)
     trainer = recipes.build_trainer(system, recipe, model, tokenizer, recipes.reward_functions(recipe), tempfile.mkdtemp())
-    rows = [json.loads(line) for line in (recipes.ROOT / recipe["dataset_name"] / "train.jsonl").open()][:prompts]
+    rows = list(recipes.train_dataset(recipe).select(range(prompts)))
     texts, lengths, ended = [], [], []
     torch.manual_seed(seed)
     start = time.perf_counter()
