@@ -37,6 +37,8 @@ def draw(system: str, prompts: int, seed: int) -> dict:
     """One side: the trainer's sampler (rloo) or `generate` with the trainer's generation config (TRL)."""
     import torch
 
+    from rloo.generation import completion_mask_from_eos
+
     torch.set_num_threads(1)
     recipe = recipes.load_recipe("gsm8k", 1, [], {})
     model, tokenizer = recipes.load_model(recipe)
@@ -50,16 +52,16 @@ def draw(system: str, prompts: int, seed: int) -> dict:
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if system == "rloo":
             batch = trainer.sampler.sample(model, [ids], K)
-            rows_ids = [c[:int(m.sum())].tolist() for c, m in zip(batch.completion_ids, batch.completion_mask)]
-            ended += batch.has_eos.tolist()
+            completion_ids, mask, has_eos = batch.completion_ids, batch.completion_mask, batch.has_eos
         else:
             config = trainer.generation_config
             stop = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
             with torch.no_grad():
-                out = model.generate(torch.tensor([ids] * K), attention_mask=torch.ones(K, len(ids), dtype=torch.long),
-                                     generation_config=config)[:, len(ids):].tolist()
-            rows_ids = [c[:next((i + 1 for i, t in enumerate(c) if t in stop), len(c))] for c in out]
-            ended += [c[-1] in stop for c in rows_ids]
+                completion_ids = model.generate(torch.tensor([ids] * K), attention_mask=torch.ones(K, len(ids), dtype=torch.long),
+                                                generation_config=config)[:, len(ids):]
+            mask, has_eos = completion_mask_from_eos(completion_ids, stop)
+        rows_ids = [c[:int(m.sum())].tolist() for c, m in zip(completion_ids, mask)]
+        ended += has_eos.tolist()
         lengths += [len(c) for c in rows_ids]
         texts += tokenizer.batch_decode(rows_ids, skip_special_tokens=True)
     seconds = time.perf_counter() - start

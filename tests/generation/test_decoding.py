@@ -6,7 +6,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from rloo.algo.logprobs import completion_logprobs
-from rloo.generation import GenerateSampler
+from rloo.generation import GenerateSampler, completion_mask_from_eos
 from rloo.generation.fast import FastSampler, filter_logits
 from rloo.generation.kv_cache import AppendInPlaceLayer
 
@@ -128,11 +128,9 @@ def test_from_the_same_random_state_draws_the_tokens_generate_draws(make_model, 
                                    do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p,
                                    max_new_tokens=new_tokens, eos_token_id=tokenizer.eos_token_id,
                                    pad_token_id=tokenizer.pad_token_id)[:, len(prompt):]
+    generated_mask, _ = completion_mask_from_eos(generated, [tokenizer.eos_token_id])
     drawn = [ids[:int(m.sum())].tolist() for ids, m in zip(fast.completion_ids, fast.completion_mask)]
-    expected = []
-    for ids in generated.tolist():
-        end = ids.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in ids else len(ids)
-        expected.append(ids[:end])
+    expected = [ids[:int(m.sum())].tolist() for ids, m in zip(generated, generated_mask)]
     assert len({tuple(d) for d in drawn}) > 1  # the draws differ between samples: this compares sampling
     assert drawn == expected
 
