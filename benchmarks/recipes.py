@@ -151,11 +151,12 @@ def held_out(model, tokenizer, recipe_name: str, recipe: dict, rows: list[dict])
                                  pad_token_id=tokenizer.pad_token_id)
         texts += tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    scores = {}
+    scores, per_row = {}, {}
     for name in EVAL_FUNCTIONS[recipe_name]:
-        values = scorer(name)(completions=texts, prompts=[r["prompt"] for r in rows], **columns)
-        scores[name.split("/")[-1]] = sum(v or 0.0 for v in values) / len(values)
-    return {"scores": scores, "completions": texts[:4]}
+        values = [v or 0.0 for v in scorer(name)(completions=texts, prompts=[r["prompt"] for r in rows], **columns)]
+        scores[name.split("/")[-1]] = sum(values) / len(values)
+        per_row[name.split("/")[-1]] = values  # row by row, so that a larger eval's first rows compare with a smaller one's
+    return {"scores": scores, "per_row": per_row, "completions": texts[:4]}
 
 
 def test_rows(recipe: dict, size: int) -> list[dict]:
