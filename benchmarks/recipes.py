@@ -97,12 +97,30 @@ class RecordingReward:
 
     def __init__(self, function, name: str):
         self.function, self.__name__, self.calls = function, name, []
+        self.marks = []  # (completions, their tokens, CPU s, wall s) at each call: a clock both trainers share
 
     def __call__(self, **kwargs):
         values = self.function(**kwargs)
         scored = [v for v in values if v is not None]
         self.calls.append((len(values), sum(scored)))
+        tokens = sum(len(ids) for ids in kwargs.get("completion_ids") or [])
+        self.marks.append((len(values), tokens, process_cpu_seconds(), time.perf_counter()))
         return values
+
+
+def step_timeline(marks: list[tuple[int, int, float, float]], per_step: int) -> dict:
+    """Reward calls -> per optimizer step: the mean completion length, and the CPU and wall seconds from the
+    previous step's scoring to this one's (the previous step's update plus this step's sampling)."""
+    lengths, stamps, n, tokens = [], [], 0, 0
+    for count, count_tokens, cpu, wall in marks:
+        n, tokens = n + count, tokens + count_tokens
+        if n >= per_step:
+            lengths.append(tokens / n)
+            stamps.append((cpu, wall))
+            n, tokens = 0, 0
+    return {"completion_length": lengths,
+            "cpu_seconds": [b[0] - a[0] for a, b in zip(stamps, stamps[1:])],
+            "wall_seconds": [b[1] - a[1] for a, b in zip(stamps, stamps[1:])]}
 
 
 def step_means(calls: list[tuple[int, float]], per_step: int) -> list[float]:
@@ -265,6 +283,7 @@ def run_worker(spec: dict) -> dict:
             "peak_rss_mb": peak_rss_mb, "rss_before_train_mb": rss_before_train_mb,
             "growth_in_train_mb": peak_rss_mb - rss_before_train_mb,
             "reward_curve": weighted, "reward_function_curves": curves,
+            "step_timeline": step_timeline(rewards[0].marks, per_step),
             "rloo_only": recipe.get("rloo_only", {}) if spec["system"] == "rloo" else {},
             "held_out": evaluate()}
 
