@@ -83,7 +83,11 @@ def test_conversational_rows_reach_rewards_as_messages(tmp_path, make_model, tok
     assert [c[0]["content"] for c in seen["completions"]] == samples.completions
 
 
-def test_long_prompts_warn_once_with_a_count_or_fail_naming_the_row(tmp_path, make_model, tokenizer, caplog):
+@pytest.mark.parametrize("chunk", [None, 2])  # 2: the long rows 3 and 4 lie in different tokenizer calls
+def test_long_prompts_warn_once_with_a_count_or_fail_naming_the_row(tmp_path, make_model, tokenizer, caplog,
+                                                                    monkeypatch, chunk):
+    if chunk:
+        monkeypatch.setattr("rloo.data.prompts._LENGTH_CHUNK", chunk)
     rows = [{"prompt": "1+1="}] * 3 + [{"prompt": "9" * 30}, {"prompt": "8" * 20}] + [{"prompt": "2+2="}] * 3
     dataset = Dataset.from_list(rows)
     with caplog.at_level(logging.WARNING, logger="rloo.prompts"):

@@ -117,10 +117,17 @@ def _rendered_token_ids(prompts: list, tokenizer: Any, chat_template_kwargs: dic
     return ids
 
 
+_LENGTH_CHUNK = 256  # prompts per tokenizer call when measuring lengths
+
+
 def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: int, policy: str,
                          chat_template_kwargs: dict[str, Any] | None = None) -> None:
     """Apply `truncate_prompts` up front: warn once with the count ("left") or reject the first long row ("error")."""
-    lengths = [len(ids) for ids in _rendered_token_ids(list(dataset["prompt"]), tokenizer, chat_template_kwargs)]
+    prompts = list(dataset["prompt"])
+    # In chunks: one tokenizer call on a whole dataset holds every row's encoding (offsets, masks) at once, and
+    # the allocator keeps that memory after it is freed (139 MB of RSS for GSM8K's 7,473 rows).
+    lengths = [len(ids) for start in range(0, len(prompts), _LENGTH_CHUNK)
+               for ids in _rendered_token_ids(prompts[start:start + _LENGTH_CHUNK], tokenizer, chat_template_kwargs)]
     empty = [index for index, length in enumerate(lengths) if length == 0]
     if empty:
         raise ConfigError(f"{name} row {empty[0]} renders to no tokens ({len(empty)} such rows); the model needs at "
