@@ -310,7 +310,9 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     with_held_out = results["base"]["held_out"] is not None
-    figure, axes = plt.subplots(1, 3 if with_held_out else 2, figsize=(15 if with_held_out else 10, 3.8))
+    with_timeline = any("step_timeline" in run for run in results["runs"])
+    panels = 2 + with_held_out + with_timeline
+    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.8))
     colours = {"rloo": "tab:blue", "trl": "tab:orange"}
     names = list(results["runs"][0]["reward_function_curves"]) if results["runs"] else []
     for run in results["runs"]:
@@ -339,6 +341,17 @@ def plot(results: dict, path: Path) -> None:
         axes[2].set(ylim=(0, 1) if bounded else None, ylabel="held-out (greedy)",
                     title=f"held-out, greedy, first {results['eval_size']} test rows")
         axes[2].legend(fontsize=8)
+    if with_timeline:  # what a step costs against how long its completions are: per-token and fixed costs apart
+        for run in results["runs"]:
+            timeline = run.get("step_timeline")
+            if timeline:
+                lengths = timeline["completion_length"]
+                both = [(a + b) / 2 for a, b in zip(lengths, lengths[1:])]  # the update's step and the sampled one
+                axes[-1].scatter(both, timeline["cpu_seconds"], s=8,
+                                 color=colours.get(run["system"]), label=f"{run['system']} seed {run['seed']}")
+        axes[-1].set(xlabel="mean completion length, the two steps (tokens)", ylabel="CPU seconds",
+                     title="one step's update + the next step's sampling")
+        axes[-1].legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
