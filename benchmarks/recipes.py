@@ -17,12 +17,15 @@ fine-tune). Each run reports:
   function's mean;
 - held-out: the recipe's reward functions on greedy completions of a fixed subset of its test split (the
   first --eval-size rows): accuracy and format rate (gsm8k), pass@1 (code), the reward model's mean score
-  (tldr); before training (once) and after each run;
+  (tldr); before training (once) and after each run, as means and row by row;
 - seconds per optimizer step (train() alone; loading and evaluation are outside the clock), wall and
   CPU (user + system: on shared cores wall time measures the neighbours as much as the trainer), the
   peak RSS of the process and its growth during train() (the peak less the RSS once the model is loaded,
   every weight read in, and the trainer built: what training itself adds, the measure the project's memory
   figures use);
+- each step's mean completion length and the CPU and wall seconds between two steps' reward calls (one
+  step's update and the next one's sampling), plotted against each other: a step's cost grows with its
+  completions' length, so trainers whose policies drift to different lengths compare at equal lengths;
 - the first held-out completions before and after, to read what was learned.
 
 With --parallel the systems of a seed train at the same time, each with --threads threads (so that
