@@ -111,32 +111,31 @@ class RecordingReward:
         return values
 
 
-def step_timeline(marks: list[tuple[int, int, float, float]], per_step: int) -> dict:
-    """Reward calls -> per optimizer step: the mean completion length, and the CPU and wall seconds from the
-    previous step's scoring to this one's (the previous step's update plus this step's sampling)."""
-    lengths, stamps, n, tokens = [], [], 0, 0
-    for count, count_tokens, cpu, wall in marks:
-        n, tokens = n + count, tokens + count_tokens
+def step_spans(counts: list[int], per_step: int) -> list[tuple[int, int]]:
+    """Completions per reward call -> (first, end) call indices of each optimizer step's `per_step` completions."""
+    spans, first, n = [], 0, 0
+    for index, count in enumerate(counts):
+        n += count
         if n >= per_step:
-            lengths.append(tokens / n)
-            stamps.append((cpu, wall))
-            n, tokens = 0, 0
-    return {"completion_length": lengths,
-            "cpu_seconds": [b[0] - a[0] for a, b in zip(stamps, stamps[1:])],
-            "wall_seconds": [b[1] - a[1] for a, b in zip(stamps, stamps[1:])]}
+            spans.append((first, index + 1))
+            first, n = index + 1, 0
+    return spans
 
 
 def step_means(calls: list[tuple[int, float]], per_step: int) -> list[float]:
     """Call records -> the mean reward of each optimizer step's `per_step` completions."""
-    counts = [n for n, _ in calls]
-    sums = [s for _, s in calls]
-    means, n, total = [], 0, 0.0
-    for count, value in zip(counts, sums):
-        n, total = n + count, total + value
-        if n >= per_step:
-            means.append(total / n)
-            n, total = 0, 0.0
-    return means
+    return [sum(s for _, s in calls[a:b]) / sum(n for n, _ in calls[a:b])
+            for a, b in step_spans([n for n, _ in calls], per_step)]
+
+
+def step_timeline(marks: list[tuple[int, int, float, float]], per_step: int) -> dict:
+    """Reward calls -> per optimizer step: the mean completion length, and the CPU and wall seconds from the
+    previous step's scoring to this one's (the previous step's update plus this step's sampling)."""
+    spans = step_spans([mark[0] for mark in marks], per_step)
+    stamps = [marks[b - 1][2:] for _, b in spans]  # (CPU s, wall s) at each step's last reward call
+    return {"completion_length": [sum(m[1] for m in marks[a:b]) / sum(m[0] for m in marks[a:b]) for a, b in spans],
+            "cpu_seconds": [b[0] - a[0] for a, b in zip(stamps, stamps[1:])],
+            "wall_seconds": [b[1] - a[1] for a, b in zip(stamps, stamps[1:])]}
 
 
 def scorer(spec: str):
