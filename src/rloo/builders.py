@@ -14,6 +14,7 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
 
 from rloo import model_loading
+from rloo.algo.lean_activations import lean_activations
 from rloo.config import ConfigError, RLOOConfig
 from rloo.data.schedule import PromptSchedule
 from rloo.dist import accelerate_internals, deepspeed_setup
@@ -133,6 +134,8 @@ def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig
         for module in policy.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
+    if args.lean_activations:
+        lean_activations(policy)  # before checkpoint_mlps, which wraps whatever class each MLP has
     if args.gradient_checkpointing and args.shared_prefix_forward:
         model_loading.checkpoint_mlps(policy)  # whole-layer checkpointing would turn off the cache it runs on
     elif args.gradient_checkpointing:

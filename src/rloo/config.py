@@ -99,6 +99,13 @@ class RLOOConfig:
     layers (transformers' checkpointing), or with shared_prefix_forward each layer's MLP only, since
     the attention there reads the prompt's KV cache (on SmolLM2-135M, about half of the activations:
     docs/recipes.md)."""
+    lean_activations: bool = True
+    """Keep fewer tensors for backward in the policy's gated-SiLU MLPs (gate and up, not also
+    silu(gate) and their product) and Llama-style RMSNorms (the input and one reciprocal RMS per
+    token, not also the normalised input), recomputing the elementwise rest in backward: the same
+    log-probs and gradients up to float rounding at about the same speed, a third less activation
+    memory on SmolLM2-135M (docs/memory.md). Module classes that compute something else keep their
+    own forward (src/rloo/algo/lean_activations.py). Off: autograd keeps what each op saves."""
     shared_prefix_forward: bool = False
     """Training forward with each distinct prompt of a micro-batch run once and its completions on
     copies of its KV cache (kept in the autograd graph): the same log-probs and gradients as running

@@ -5,4 +5,6 @@
 - `shaping`: what happens to scores before the baseline (missing-EOS penalty, normalisation, clipping).
 - `loss`: clipped policy losses and the loss-aggregation modes (numerators and denominators).
 - `logprobs`: completion log-probs and entropies from a model's logits.
+- `lm_head`, `prefix_logprobs`: the same log-probs a tile of the vocabulary, or a prompt, at a time.
+- `lean_activations`: the policy's MLPs and norms keeping fewer tensors for backward, same gradients.
 """
