@@ -267,8 +267,9 @@ TRL_FIELDS: dict[str, Answer] = {
     "torch_compile": not_yet(False, "torch.compile of the policy", "leave it False"),
     "torch_compile_backend": not_yet(None, "torch.compile of the policy", "leave it unset"),
     "torch_compile_mode": not_yet(None, "torch.compile of the policy", "leave it unset"),
-    "use_liger_kernel": not_yet(False, "the Liger kernels", "leave it False"),
-    "liger_kernel_config": not_yet(None, "the Liger kernels", "leave it unset"),
+    "use_liger_kernel": not_yet(False, "the Liger-Kernel library", "leave it False: rloo's lean_activations (on by default) "
+                                "and tiled LM head save much of the activation and logit memory that Liger's kernels save"),
+    "liger_kernel_config": not_yet(None, "the Liger-Kernel library", "leave it unset"),
     "auto_find_batch_size": refused(False, "batch sizes fix the group layout of a rollout and are never changed for you",
                                     "per_device_train_batch_size and gradient_accumulation_steps"),
     "torch_empty_cache_steps": not_yet(None, "periodic cache emptying", "leave it unset"),
