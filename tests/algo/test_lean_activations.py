@@ -52,12 +52,15 @@ def test_rms_norm_by_hand():
     torch.testing.assert_close(x.grad, r * (torch.tensor([1.0, 0.0], dtype=torch.float64) - n * n[0] / 2))
 
 
-def llama_model(tokenizer, seed=0):
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=80,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+def llama_model(tokenizer, seed=0, family="llama"):
+    """A tiny Llama (SmolLM2's architecture) or Qwen3 (the GPU gsm8k recipe's: RMSNorms on queries and keys too)."""
+    config_class, model_class = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                                 "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[family]
+    config = config_class(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
     torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(config)
+    return model_class(config)
 
 
 def saved_widths(model, ids, mask):
@@ -85,13 +88,14 @@ def train_step(model, ids, mask, autocast=False):
     return widths, logits.detach(), grads
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+@pytest.mark.parametrize("architecture", ["qwen2", "llama", "qwen3"])
 def test_models_give_the_same_logits_and_gradients_and_keep_half_the_mlp_tensors(make_model, tokenizer, architecture):
-    plain = make_model(seed=1) if architecture == "qwen2" else llama_model(tokenizer, seed=1)
+    plain = make_model(seed=1) if architecture == "qwen2" else llama_model(tokenizer, seed=1, family=architecture)
     plain.train()
     layers, width = plain.config.num_hidden_layers, plain.config.intermediate_size
+    norms = (4 if architecture == "qwen3" else 2) * layers + 1  # Qwen3 also normalises each head's queries and keys
     lean = copy.deepcopy(plain)
-    assert lean_activations(lean) == type(lean_activations(lean))(mlps=layers, norms=2 * layers + 1)  # idempotent
+    assert lean_activations(lean) == type(lean_activations(lean))(mlps=layers, norms=norms)  # idempotent
     ids = torch.randint(3, plain.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # left padding
