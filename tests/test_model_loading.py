@@ -77,15 +77,15 @@ def test_quantized_policy_is_prepared_for_qlora(monkeypatch, make_model):
         builders.load_policy("org/model", None, args)
 
     # With shared_prefix_forward, peft must not turn on whole-layer checkpointing (it drops the KV cache the
-    # completions run on): rloo recomputes the MLPs instead.
-    from rloo.model_loading import CheckpointedMLP
+    # completions run on): rloo checkpoints the layers itself.
+    from rloo.model_loading import CheckpointedLayer
 
     prepared.clear()
     args = config(model_init_kwargs={"quantization_config": {"load_in_4bit": True}}, gradient_checkpointing=True,
                   shared_prefix_forward=True)
     policy = builders.load_policy("org/model", lora, args)
     assert prepared[0]["use_gradient_checkpointing"] is False
-    assert any(isinstance(module, CheckpointedMLP) for module in policy.modules())
+    assert any(isinstance(module, CheckpointedLayer) for module in policy.modules())
 
 
 def test_reward_model_by_name_loads_with_init_kwargs(tmp_path, tokenizer):

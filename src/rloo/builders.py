@@ -135,9 +135,9 @@ def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
     if args.lean_activations:
-        lean_activations(policy)  # before checkpoint_mlps, which wraps whatever class each MLP has
+        lean_activations(policy)
     if args.gradient_checkpointing and args.shared_prefix_forward:
-        model_loading.checkpoint_mlps(policy)  # whole-layer checkpointing would turn off the cache it runs on
+        model_loading.checkpoint_layers(policy)  # transformers' checkpointing would turn off the cache it runs on
     elif args.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA) and with the tiled LM-head's custom backward.
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

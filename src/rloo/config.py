@@ -95,10 +95,9 @@ class RLOOConfig:
     """Set every dropout probability of the policy to 0, so that log-probs at sampling and at
     training time come from the same function (as TRL does by default)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory at the cost of compute: whole decoder
-    layers (transformers' checkpointing), or with shared_prefix_forward each layer's MLP only, since
-    the attention there reads the prompt's KV cache (on SmolLM2-135M, about half of the activations:
-    docs/recipes.md)."""
+    """Recompute activations in the backward pass to save memory at the cost of compute: each decoder
+    layer keeps only its input (transformers' checkpointing; with shared_prefix_forward rloo's own,
+    which keeps the prompt's KV cache the completions run on: docs/algorithm.md)."""
     lean_activations: bool = True
     """Keep fewer tensors for backward in the policy's gated-SiLU MLPs (gate and up, not also
     silu(gate) and their product) and Llama-style RMSNorms (the input and one reciprocal RMS per
@@ -112,8 +111,8 @@ class RLOOConfig:
     every row whole. Pays where the decoder dominates, most on long prompts (3.6x at prompt 512 /
     completion 64, 5.3x at 1024 / 32 on CPU; about even where a large LM head dominates:
     benchmarks/shared_prefix.py, docs/algorithm.md). Needs a model whose KV cache is plain full
-    attention (no sliding window); with gradient_checkpointing, the MLPs are recomputed and the
-    attention's activations kept. Off by default."""
+    attention (no sliding window); with gradient_checkpointing, the decoder layers of both the
+    prompts' and the completions' pass are recomputed. Off by default."""
     bf16: bool | None = None
     """Run forward and backward passes under bf16 autocast (accelerate mixed precision). None (default)
     means auto: on where a CUDA GPU supports bf16, off on CPU and older GPUs. An explicit value is used

@@ -70,54 +70,59 @@ def prepare_quantized(policy: torch.nn.Module, peft_config: Any, args: RLOOConfi
                          "trained directly. Pass a peft_config (QLoRA) or drop the quantization_config.")
     from peft import prepare_model_for_kbit_training
 
-    # Under shared_prefix_forward the builder checkpoints the MLPs instead (`checkpoint_mlps`).
+    # Under shared_prefix_forward the builder checkpoints the layers itself (`checkpoint_layers`).
     return prepare_model_for_kbit_training(
         policy, use_gradient_checkpointing=args.gradient_checkpointing and not args.shared_prefix_forward,
         gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def checkpoint_mlps(model: torch.nn.Module) -> int:
-    """Recompute every decoder layer's MLP in the backward pass instead of keeping its activations.
+def checkpoint_layers(model: torch.nn.Module) -> int:
+    """Recompute every decoder layer in backward when it runs on a `ReplayableCache` (the shared-prefix forward).
 
-    gradient_checkpointing under shared_prefix_forward. transformers' checkpointing recomputes whole
-    layers and so turns the KV cache off, which the shared-prefix forward runs the completions on; the
-    MLP reads no cache, and its intermediates (gate, up, act(gate), their product: four of the
-    intermediate size per token in a SwiGLU MLP) are about half of a layer's saved activations. The
-    attention's are kept. Each MLP becomes a `CheckpointedMLP` of its own class (non-reentrant torch
-    checkpoint, the RNG state preserved for dropout); without grad or in eval mode it runs as before.
+    gradient_checkpointing under shared_prefix_forward. transformers' checkpointing turns the KV cache off,
+    since a recomputed layer would append its keys and values to the cache a second time; the completions
+    of the shared-prefix forward run on their prompt's cache. Its passes use `ReplayableCache`, whose
+    layers give the same keys and values however often they are called, so each decoder layer there is
+    checkpointed as a whole (non-reentrant torch checkpoint, the RNG state preserved for dropout): only
+    its inputs are kept, as with transformers' checkpointing of the plain pass. Elsewhere (other caches,
+    eval mode, no grad) a layer runs as before.
 
-    Returns the number of MLPs wrapped; raises ConfigError when the model's decoder layers have none.
+    Returns the number of layers wrapped; raises ConfigError when the model has no transformers decoder layers.
     """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     wrapped = 0
     for layer in model.modules():
-        mlp = getattr(layer, "mlp", None)
-        if not isinstance(layer, GradientCheckpointingLayer) or not isinstance(mlp, torch.nn.Module):
+        if not isinstance(layer, GradientCheckpointingLayer):
             continue
-        if not isinstance(mlp, CheckpointedMLP):
+        if not isinstance(layer, CheckpointedLayer):
             # A subclass, not a wrapped bound method: a deep copy (the reference model) must run its own weights.
-            mlp.__class__ = _checkpointed_class(type(mlp))
+            layer.__class__ = _checkpointed_class(type(layer))
         wrapped += 1
     if not wrapped:
-        raise ConfigError("gradient_checkpointing with shared_prefix_forward recomputes each decoder layer's `mlp` "
-                          "module, and this model's layers have none. Turn shared_prefix_forward off (transformers' "
-                          "own checkpointing then recomputes whole layers) or gradient_checkpointing off.")
+        raise ConfigError("gradient_checkpointing with shared_prefix_forward recomputes each of the model's decoder layers "
+                          "(transformers' GradientCheckpointingLayer), and this model has none. Turn "
+                          "shared_prefix_forward off (transformers' own checkpointing then applies) or "
+                          "gradient_checkpointing off.")
     return wrapped
 
 
-class CheckpointedMLP(torch.nn.Module):
-    """Mixed into an MLP's class by `checkpoint_mlps`: its forward, recomputed in backward when training."""
+class CheckpointedLayer(torch.nn.Module):
+    """Mixed into a decoder layer's class by `checkpoint_layers`: its forward, recomputed in backward when
+    training on a `ReplayableCache`."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.training and torch.is_grad_enabled():
+        from rloo.algo.prefix_logprobs import ReplayableCache
+
+        replayable = any(isinstance(value, ReplayableCache) for value in (*args, *kwargs.values()))
+        if replayable and self.training and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(super().forward, *args, use_reentrant=False, **kwargs)
         return super().forward(*args, **kwargs)
 
 
 @functools.cache
-def _checkpointed_class(mlp_class: type) -> type:
-    return type(f"Checkpointed{mlp_class.__name__}", (CheckpointedMLP, mlp_class), {})
+def _checkpointed_class(layer_class: type) -> type:
+    return type(f"Checkpointed{layer_class.__name__}", (CheckpointedLayer, layer_class), {})
 
 
 def from_pretrained(load: Callable[..., Any], name: str, what: str = "model", **kwargs: Any) -> Any:

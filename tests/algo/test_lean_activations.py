@@ -201,7 +201,7 @@ def test_the_trainer_switches_the_policy_unless_told_not_to(tmp_path, make_model
 
     from conftest import digit_fraction
     from rloo import RLOOConfig, RLOOTrainer
-    from rloo.model_loading import CheckpointedMLP
+    from rloo.model_loading import CheckpointedLayer
 
     args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=4, beta=0.04, max_steps=1, save_steps=0, report_to=[], **options)
@@ -210,7 +210,8 @@ def test_the_trainer_switches_the_policy_unless_told_not_to(tmp_path, make_model
     model = trainer.accelerator.unwrap_model(trainer.model)
     mlps = [layer.mlp for layer in model.model.layers]
     assert all(isinstance(mlp, LeanSwiGLU) for mlp in mlps) == options.get("lean_activations", True)
-    assert all(isinstance(mlp, CheckpointedMLP) for mlp in mlps) == bool(options.get("gradient_checkpointing"))
+    checkpointed = [isinstance(layer, CheckpointedLayer) for layer in model.model.layers]
+    assert all(checkpointed) == bool(options.get("gradient_checkpointing"))
     before = [p.detach().clone() for p in model.parameters()]
     trainer.train()
     assert trainer.global_step == 1

@@ -144,13 +144,15 @@ def saved_activations(model, forward):
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "gpt2"])
-def test_checkpointed_mlps_keep_no_mlp_activations_and_the_same_gradients(make_model, tokenizer, architecture):
-    """gradient_checkpointing with shared_prefix_forward (`model_loading.checkpoint_mlps`): no tensor of the
-    MLP's width is kept for backward, and log-probs and gradients are those of the plain forward."""
-    from rloo.model_loading import checkpoint_mlps
+def test_checkpointed_layers_keep_only_their_inputs_and_give_the_same_gradients(make_model, tokenizer, architecture):
+    """gradient_checkpointing with shared_prefix_forward (`model_loading.checkpoint_layers`): the decoder layers of
+    both passes (the prompts' prefill and the completions on its cache) are recomputed in backward, so nothing of
+    the MLP's or the attention's inner width is kept, and log-probs and gradients are those of the plain forward."""
+    from rloo.model_loading import checkpoint_layers
 
     model = make_model(seed=5) if architecture == "qwen2" else gpt2_model(tokenizer, n_positions=64)
     width = getattr(model.config, "intermediate_size", None) or 4 * model.config.hidden_size  # GPT-2: n_inner None
+    hidden = model.config.hidden_size
     gen = torch.Generator().manual_seed(2)
     prompt_ids = torch.randint(3, model.config.vocab_size, (2, 6), generator=gen).repeat_interleave(3, 0)
     completion_ids = torch.randint(3, model.config.vocab_size, (6, 5), generator=gen)
@@ -169,24 +171,44 @@ def test_checkpointed_mlps_keep_no_mlp_activations_and_the_same_gradients(make_m
 
     plain_saved, want_logps, want_grads = run()
     assert any(shape[-1] == width for shape in plain_saved.values())  # the MLP's intermediates, kept
-    assert checkpoint_mlps(model) == model.config.num_hidden_layers
+    assert checkpoint_layers(model) == model.config.num_hidden_layers
     saved, logps, grads = run()
     assert not any(shape[-1] == width for shape in saved.values()), sorted(set(saved.values()))
-    assert len(saved) < len(plain_saved)
+    # Per layer and pass, its input (hidden wide) is what stays; the plain forward kept several such tensors.
+    assert sum(shape[-1] == hidden for shape in saved.values()) < sum(shape[-1] == hidden for shape in plain_saved.values()) / 2
+    assert len(saved) < len(plain_saved) / 2
     torch.testing.assert_close(logps, want_logps, atol=0, rtol=0)
     for name in want_grads:
         torch.testing.assert_close(grads[name], want_grads[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
+def test_a_replayable_cache_layer_gives_the_same_states_when_called_again():
+    """What lets a decoder layer be recomputed on a cache: a second update with the same new states returns the
+    prefix followed by them again, where a DynamicLayer would append them a second time."""
+    prefix_k, prefix_v, new_k, new_v = (torch.randn(2, 3, n, 4) for n in (5, 5, 2, 2))
+    cache = prefix_logprobs.ReplayableCache([(prefix_k, prefix_v)])
+    assert cache.get_seq_length() == 5
+    first = cache.layers[0].update(new_k, new_v)
+    again = cache.layers[0].update(new_k, new_v)
+    for got in (first, again):
+        torch.testing.assert_close(got[0], torch.cat([prefix_k, new_k], dim=-2), atol=0, rtol=0)
+        torch.testing.assert_close(got[1], torch.cat([prefix_v, new_v], dim=-2), atol=0, rtol=0)
+    empty = prefix_logprobs.ReplayableCache(1)
+    assert empty.get_seq_length() == 0
+    for _ in range(2):
+        keys, values = empty.layers[0].update(new_k, new_v)
+        assert torch.equal(keys, new_k) and torch.equal(values, new_v)
+
+
 def test_a_copy_of_a_checkpointed_model_runs_its_own_weights(make_model):
-    """The reference is a deep copy of the policy: its checkpointed MLPs must compute with the copy's weights,
+    """The reference is a deep copy of the policy: its checkpointed layers must compute with the copy's weights,
     in training mode and in eval mode (a wrapped bound method would still point at the original's)."""
     import copy
 
-    from rloo.model_loading import checkpoint_mlps
+    from rloo.model_loading import checkpoint_layers
 
     model = make_model(seed=6)
-    checkpoint_mlps(model)
+    checkpoint_layers(model)
     reference = copy.deepcopy(model)
     ids = torch.randint(3, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
     for train in (True, False):
@@ -200,22 +222,22 @@ def test_a_copy_of_a_checkpointed_model_runs_its_own_weights(make_model):
         assert not torch.allclose(model(ids).logits, before)
 
 
-def test_checkpoint_mlps_refuses_a_model_without_mlps():
+def test_checkpoint_layers_refuses_a_model_without_decoder_layers():
     from rloo.config import ConfigError
-    from rloo.model_loading import checkpoint_mlps
+    from rloo.model_loading import checkpoint_layers
 
-    with pytest.raises(ConfigError, match="recomputes each decoder layer's `mlp`"):
-        checkpoint_mlps(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    with pytest.raises(ConfigError, match="recomputes each of the model's decoder layers"):
+        checkpoint_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
 def test_trainer_with_gradient_checkpointing_and_the_shared_prefix_forward(tmp_path, make_model, tokenizer):
-    """Both on: the MLPs are checkpointed, transformers' whole-layer checkpointing (which drops the cache) is
-    not, and a step trains."""
+    """Both on: rloo checkpoints the decoder layers, transformers' checkpointing (which drops the cache) stays off,
+    and a step trains."""
     from datasets import Dataset
 
     from conftest import digit_fraction
     from rloo import RLOOConfig, RLOOTrainer
-    from rloo.model_loading import CheckpointedMLP
+    from rloo.model_loading import CheckpointedLayer
 
     args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=4, beta=0.0, max_steps=1, save_steps=0, report_to=[],
@@ -224,7 +246,7 @@ def test_trainer_with_gradient_checkpointing_and_the_shared_prefix_forward(tmp_p
                           processing_class=tokenizer)
     model = trainer.accelerator.unwrap_model(trainer.model)
     assert not model.is_gradient_checkpointing
-    assert all(isinstance(layer.mlp, CheckpointedMLP) for layer in model.model.layers)
+    assert all(isinstance(layer, CheckpointedLayer) for layer in model.model.layers)
     before = [p.detach().clone() for p in model.parameters()]
     trainer.train()
     assert trainer.global_step == 1

@@ -40,7 +40,7 @@ def test_two_processes_with_the_shared_prefix_forward_train_like_the_whole_row_p
         assert result.returncode == 0, result.stderr[-3000:]
         ranks = [json.loads((tmp_path / variant / f"rank{r}.json").read_text()) for r in range(2)]
         assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
-        assert [r["checkpointed_mlps"] for r in ranks] == [2 if variant == "shared_checkpointed" else 0] * 2
+        assert [r["checkpointed_layers"] for r in ranks] == [2 if variant == "shared_checkpointed" else 0] * 2
         checksums[variant] = ranks[0]["checksum"]
     assert checksums["shared"] == pytest.approx(checksums["whole"], rel=1e-6)
     assert checksums["shared_checkpointed"] == pytest.approx(checksums["whole"], rel=1e-6)

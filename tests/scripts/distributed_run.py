@@ -9,7 +9,7 @@ import torch
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.model_loading import CheckpointedMLP
+from rloo.model_loading import CheckpointedLayer
 from rloo.toy import build_char_tokenizer, build_tiny_model
 
 torch.set_num_threads(1)
@@ -36,5 +36,5 @@ checksum = sum(p.double().sum().item() for p in trainer.model.parameters())
 rank = trainer.accelerator.process_index
 (out / f"rank{rank}.json").write_text(json.dumps({
     "num_processes": trainer.accelerator.num_processes, "seen": seen, "checksum": checksum, "episode": trainer.episode,
-    "checkpointed_mlps": sum(isinstance(module, CheckpointedMLP) for module in trainer.model.modules()),
+    "checkpointed_layers": sum(isinstance(module, CheckpointedLayer) for module in trainer.model.modules()),
 }))

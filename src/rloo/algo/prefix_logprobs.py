@@ -17,6 +17,11 @@ the training forward (`shared_prefix_forward`): the copies of the cache stay in 
 so the prompt's gradients add up as the whole-row pass's K copies do. Models whose cache is not a
 plain full-attention `DynamicCache` (sliding windows, recurrent layers) are refused by
 `can_share_prompts`, and the caller takes the plain path.
+
+Both passes run on a `ReplayableCache`, whose layers return their fixed prefix (nothing for the
+prefill, the prompt's keys and values for the completions) followed by the new states however often
+they are called. A decoder layer can then be recomputed in backward (gradient checkpointing,
+`model_loading.checkpoint_layers`) without a second call growing the cache.
 """
 
 from __future__ import annotations
@@ -33,6 +38,37 @@ from rloo.algo.logprobs import (
     reachable_head,
     run_to_head,
 )
+
+
+class ReplayableLayer(DynamicLayer):
+    """A full-attention cache layer whose `update` returns prefix + new states, where the prefix is what the
+    layer held at its first update (the prompt's (b, heads, P, D) keys and values, or nothing): called again
+    with the same states, as a recomputed decoder layer calls it, it gives the same tensors."""
+
+    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.prefix = None
+        if keys is not None:
+            self.lazy_initialization(keys, values)
+            self.keys, self.values = keys, values
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.prefix is None:
+            self.prefix = (self.keys, self.values)
+        self.keys = torch.cat([self.prefix[0], key_states], dim=-2)
+        self.values = torch.cat([self.prefix[1], value_states], dim=-2)
+        return self.keys, self.values
+
+
+class ReplayableCache(DynamicCache):
+    """A `DynamicCache` of `ReplayableLayer`s: empty ones (`layers` a count) or prefilled ((keys, values) per layer)."""
+
+    def __init__(self, layers: int | list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        super().__init__()
+        self.layers = ([ReplayableLayer() for _ in range(layers)] if isinstance(layers, int)
+                       else [ReplayableLayer(keys, values) for keys, values in layers])
 
 
 def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int) -> bool:
@@ -68,7 +104,7 @@ def check_shared_prompt_model(model: torch.nn.Module) -> None:
     if getattr(inner, name, False):
         raise ValueError("shared_prefix_forward needs the KV cache, which transformers turns off under gradient "
                          "checkpointing; call model.gradient_checkpointing_disable() and set gradient_checkpointing=True "
-                         "in the config instead (with shared_prefix_forward it recomputes each layer's MLP), or turn "
+                         "in the config instead (with shared_prefix_forward rloo recomputes the layers itself), or turn "
                          "shared_prefix_forward off.")
 
 
@@ -158,7 +194,7 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
     config = getattr(model, "module", model).config
     first_rows = torch.cat([owner.new_zeros(1), (owner[1:] != owner[:-1]).nonzero().flatten() + 1])  # (n,)
     unique_ids, unique_mask = prompt_ids[first_rows], prompt_mask[first_rows]  # (n, P)
-    cache, cache_name = DynamicCache(config=config), cache_argument(model)
+    cache, cache_name = ReplayableCache(len(DynamicCache(config=config).layers)), cache_argument(model)
     # Step 1: the n distinct prompts once; the last position predicts the first completion token.
     first = run_to_head(model, head, input_ids=unique_ids, attention_mask=unique_mask,
                         position_ids=position_ids_from_mask(unique_mask), **{cache_name: cache}, use_cache=True,
@@ -180,8 +216,7 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
         if completion_ids.shape[1] > 1:
             # Step 2: this block's copy of its prompts' cache, then the completion tokens but the
             # last (which predicts nothing) on it.
-            block_cache = DynamicCache(ddp_cache_data=[(keys[owner[rows]], values[owner[rows]])
-                                                       for keys, values in prompt_kv])
+            block_cache = ReplayableCache([(keys[owner[rows]], values[owner[rows]]) for keys, values in prompt_kv])
             later = run_to_head(model, head, input_ids=completion_ids[rows, :-1],
                                 attention_mask=attention_mask[rows, :-1], position_ids=positions[rows, :-1],
                                 **{cache_name: block_cache}, use_cache=True,
