@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.utils.checkpoint
 
+from rloo.algo.prefix_logprobs import ReplayableCache
 from rloo.config import ConfigError, RLOOConfig
 
 # What a model given by name gets unless the user says otherwise: the checkpoint's own dtype (not
@@ -112,8 +113,6 @@ class CheckpointedLayer(torch.nn.Module):
     training on a `ReplayableCache`."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from rloo.algo.prefix_logprobs import ReplayableCache
-
         replayable = any(isinstance(value, ReplayableCache) for value in (*args, *kwargs.values()))
         if replayable and self.training and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(super().forward, *args, use_reentrant=False, **kwargs)
