@@ -22,7 +22,6 @@ import collections
 import copy
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from rloo.algo.prefix_logprobs import shared_prompt_logprobs  # noqa: E402
 from rloo.run.allocator import return_large_buffers_to_os  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from memory import rss_bytes  # noqa: E402  (benchmarks/memory.py)
+from memory import RSSWatch, rss_bytes  # noqa: E402  (benchmarks/memory.py)
 
 
 def kept_for_backward(model, forward) -> tuple[dict[str, float], torch.Tensor]:
@@ -74,25 +73,16 @@ def kept_for_backward(model, forward) -> tuple[dict[str, float], torch.Tensor]:
     return dict(by_module), out
 
 
-class PeakRSS:
-    """The process's largest RSS while a `with` block runs, above its RSS when the block began (sampled every 3 ms)."""
-
-    def __enter__(self):
-        self.start = self.peak = rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
-        return self
-
-    def _poll(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            time.sleep(0.003)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.growth_mb = (max(self.peak, rss_bytes()) - self.start) / 2**20
+def growth_mb(run) -> float:
+    """The largest RSS while `run()` runs, above the RSS when it began, in MB (memory.py's 10 ms sampler)."""
+    start, watch = rss_bytes(), RSSWatch(budget=1 << 62, report={})
+    watch.thread.start()
+    try:
+        run()
+    finally:
+        watch.running = False
+        watch.thread.join()
+    return (max(watch.peak, rss_bytes()) - start) / 2**20
 
 
 def main() -> None:
@@ -148,10 +138,14 @@ def main() -> None:
         seconds = time.process_time() - start
         if not options.accumulate:
             model.zero_grad(set_to_none=True)
-        with PeakRSS() as peak:
-            logps = forward(model)
-            logps.sum().backward()
-        return seconds, peak.growth_mb, logps.detach(), [p.grad for p in model.parameters()]
+        result = {}
+
+        def forward_backward():
+            result["logps"] = forward(model)
+            result["logps"].sum().backward()
+
+        growth = growth_mb(forward_backward)
+        return seconds, growth, result["logps"].detach(), [p.grad for p in model.parameters()]
 
     print(f"SmolLM2-135M, prompt {prompt.shape[1]} tokens, {options.completions} completions x {options.length}, "
           f"{'every row whole' if options.plain_forward else 'shared prefix'}; {switched}")
