@@ -2,21 +2,29 @@
 over HTTP, each call bounded by vllm_server_timeout.
 
 Only the main process pushes weights (DDP keeps every process's copy identical); every process
-generates its own prompts. Weights travel as safetensors chunks of about `chunk_bytes`, so no NCCL
-is needed and a CPU machine can run both sides.
+generates its own prompts. Weights travel as safetensors chunks of about `chunk_bytes` (smaller where the
+server's --max_chunk_mb is), so no NCCL is needed and a CPU machine can run both sides. A push that the
+server's bounds would refuse (a tensor over --max_chunk_mb, a model over --max_pending_mb) is refused here
+before anything is sent. With RLOO_VLLM_TOKEN in the environment, every request carries that token.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import urllib.error
 import urllib.request
+import uuid
 from typing import Any, Iterator
 
 import torch
 
+from rloo.generation.vllm_server import TOKEN_ENV
+
 CHUNK_BYTES = 256 * 2**20
+HEADER_BYTES = 64  # a safetensors file's own header bytes, beyond its tensors' entries
+ENTRY_BYTES = 160  # a tensor's entry in that header, beyond its name (dtype, shape, offsets, JSON punctuation)
 
 
 class ServerError(RuntimeError):
@@ -33,19 +41,37 @@ def server_url(args: Any) -> str:
 class HTTPEngine:
     """An `Engine` (generation/vllm.py) backed by an `rloo vllm-serve` server."""
 
-    def __init__(self, url: str, timeout: float, is_main_process: bool = True, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, url: str, timeout: float, is_main_process: bool = True, chunk_bytes: int = CHUNK_BYTES,
+                 token: str | None = None) -> None:
         self.url, self.timeout, self.is_main_process, self.chunk_bytes = url, timeout, is_main_process, chunk_bytes
+        self.token = token
+        self._limits: dict | None = None  # the server's ServerLimits, from its /health
 
     @classmethod
     def build(cls, args: Any) -> "HTTPEngine":
         is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-        engine = cls(server_url(args), args.vllm_server_timeout, is_main)
-        engine.call("GET", "/health")  # fail now, naming the server, rather than at the first generation
+        token = os.environ.get(TOKEN_ENV) or None  # not a config field: the config is written to disk and trackers
+        engine = cls(server_url(args), args.vllm_server_timeout, is_main, token=token)
+        health = engine.call("GET", "/health")  # fail now, naming the server, rather than at the first generation
+        if token and not health.get("token_required"):
+            raise ServerError(f"{TOKEN_ENV} is set, but the vLLM server at {engine.url} does not require a token, so "
+                              f"any process that reaches it can replace its weights: start `rloo vllm-serve` with the "
+                              f"same {TOKEN_ENV} in its environment, or unset {TOKEN_ENV} here.")
+        engine._limits = health.get("limits", {})
         return engine
+
+    def server_limits(self) -> dict:
+        """The server's size limits (ServerLimits as a dict), asked once."""
+        if self._limits is None:
+            self._limits = self.call("GET", "/health").get("limits", {})
+        return self._limits
 
     def call(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json") -> dict:
         """One request; any failure or a wait beyond `timeout` seconds raises ServerError naming the server."""
-        request = urllib.request.Request(self.url + path, data=body, method=method, headers={"Content-Type": content_type})
+        headers = {"Content-Type": content_type}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read())
@@ -56,14 +82,26 @@ class HTTPEngine:
             except (ValueError, KeyError, TypeError):
                 pass
             raise ServerError(f"the vLLM server at {self.url} failed {method} {path}: {detail}") from None
-        except (TimeoutError, socket.timeout) as error:
-            raise ServerError(f"the vLLM server at {self.url} did not answer {method} {path} within "
-                              f"vllm_server_timeout={self.timeout} s; check that it is alive (`rloo vllm-serve`), "
-                              f"or raise vllm_server_timeout for a slow engine.") from error
         except urllib.error.URLError as error:
+            if isinstance(error.reason, (TimeoutError, socket.timeout)):
+                raise ServerError(self._timeout_message(method, path)) from error
+            if isinstance(error.reason, ConnectionError) and not isinstance(error.reason, ConnectionRefusedError):
+                raise ServerError(self._dropped_message(method, path, error.reason)) from None
             raise ServerError(f"cannot reach the vLLM server at {self.url} ({error.reason}); start it with "
                               f"`rloo vllm-serve --model MODEL --port PORT` and set vllm_server_base_url (or "
                               f"vllm_server_host / vllm_server_port).") from None
+        except (TimeoutError, socket.timeout) as error:
+            raise ServerError(self._timeout_message(method, path)) from error
+        except ConnectionError as error:
+            raise ServerError(self._dropped_message(method, path, error)) from None
+
+    def _timeout_message(self, method: str, path: str) -> str:
+        return (f"the vLLM server at {self.url} did not answer {method} {path} within vllm_server_timeout={self.timeout} s; "
+                f"check that it is alive (`rloo vllm-serve`), or raise vllm_server_timeout for a slow engine.")
+
+    def _dropped_message(self, method: str, path: str, error: BaseException) -> str:
+        return (f"the vLLM server at {self.url} closed the connection during {method} {path} ({error}); it drops "
+                f"requests over its size limits and clients that stall (its log names which), or it stopped.")
 
     def generate(self, prompts, n, params):
         body = json.dumps({"prompts": prompts, "n": n, "params": params}).encode()
@@ -72,10 +110,34 @@ class HTTPEngine:
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         if self.is_main_process:
-            for chunk, final in _chunks(weights, self.chunk_bytes):
-                self.call("POST", f"/weights?final={int(final)}", chunk, "application/octet-stream")
+            weights = list(weights)
+            limits = self.server_limits()
+            chunk_limit = min(self.chunk_bytes, limits.get("chunk_bytes", self.chunk_bytes) - HEADER_BYTES)
+            sizes = [_entry_bytes(name, tensor) for name, tensor in weights]
+            groups = plan_chunks(sizes, chunk_limit)
+            self._check_push(weights, sizes, len(groups), limits)
+            push = uuid.uuid4().hex
+            for index, group in enumerate(groups):
+                chunk = _encode([weights[i] for i in group])
+                final = int(index == len(groups) - 1)
+                self.call("POST", f"/weights?push={push}&index={index}&final={final}", chunk, "application/octet-stream")
         if torch.distributed.is_initialized():  # nobody generates before the push is done
             torch.distributed.barrier()
+
+    def _check_push(self, weights: list, sizes: list[int], chunks: int, limits: dict) -> None:
+        """Refuse, before sending anything, a push the server's bounds would refuse half-way."""
+        mib = 2**20
+        if "chunk_bytes" in limits:
+            largest = max(range(len(sizes)), key=sizes.__getitem__, default=None)
+            if largest is not None and sizes[largest] + HEADER_BYTES > limits["chunk_bytes"]:
+                raise ServerError(f"the tensor {weights[largest][0]} takes {sizes[largest] / mib:.1f} MiB, over the "
+                                  f"largest chunk the vLLM server at {self.url} takes ({limits['chunk_bytes'] / mib:.1f} "
+                                  f"MiB): restart `rloo vllm-serve` with a larger --max_chunk_mb.")
+        total = sum(sizes) + chunks * HEADER_BYTES
+        if "pending_chunks" in limits and (chunks > limits["pending_chunks"] or total > limits["pending_bytes"]):
+            raise ServerError(f"a weight push of {chunks} chunks and {total / mib:.1f} MiB is over what the vLLM server at "
+                              f"{self.url} holds ({limits['pending_chunks']} chunks, {limits['pending_bytes'] / mib:.1f} "
+                              f"MiB): restart `rloo vllm-serve` with a larger --max_pending_chunks / --max_pending_mb.")
 
     def sleep(self):
         pass
@@ -84,17 +146,27 @@ class HTTPEngine:
         pass
 
 
-def _chunks(weights: Iterator[tuple[str, torch.Tensor]], limit: int) -> Iterator[tuple[bytes, bool]]:
-    """safetensors-encoded groups of about `limit` bytes, the last flagged final (an empty push sends one
-    empty final chunk). Tensors are copied to CPU: safetensors refuses tensors that share memory (tied heads)."""
+def _entry_bytes(name: str, tensor: torch.Tensor) -> int:
+    """A tensor's bytes in a safetensors file, its header entry included (an upper bound)."""
+    return tensor.numel() * tensor.element_size() + len(name.encode()) + ENTRY_BYTES
+
+
+def plan_chunks(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive indices of `sizes` grouped so that each group's total stays within `limit`; an item over
+    `limit` goes alone. Always at least one group (an empty push sends one empty final chunk)."""
+    groups: list[list[int]] = [[]]
+    total = 0
+    for i, size in enumerate(sizes):
+        if groups[-1] and total + size > limit:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += size
+    return groups
+
+
+def _encode(weights: list[tuple[str, torch.Tensor]]) -> bytes:
+    """One safetensors chunk. Tensors are copied to CPU: safetensors refuses tensors that share memory (tied heads)."""
     from safetensors.torch import save
 
-    group: dict[str, torch.Tensor] = {}
-    size = 0
-    for name, tensor in weights:
-        if group and size + tensor.numel() * tensor.element_size() > limit:
-            yield save(group), False
-            group, size = {}, 0
-        group[name] = tensor.detach().to("cpu", copy=True).contiguous()
-        size += tensor.numel() * tensor.element_size()
-    yield save(group), True
+    return save({name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in weights})

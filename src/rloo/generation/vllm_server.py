@@ -3,79 +3,329 @@
 TRL's `trl vllm-serve` accepts only the vLLM releases TRL was tested with (TRL 1.16: 0.22-0.31) and
 syncs weights over NCCL, which a CPU machine does not have. This server wraps the same engine rloo
 colocates (`ColocatedEngine`) in Python's standard-library HTTP server and takes weights as
-safetensors chunks over HTTP, so it runs wherever vLLM runs. One request is served at a time (the
-engine is not thread-safe); the trainer's processes queue behind each other.
+safetensors chunks over HTTP, so it runs wherever vLLM runs.
 
 Endpoints (JSON unless said otherwise):
-    GET  /health          -> {"model": ..., "vllm": version}
+    GET  /health          -> {"model": ..., "vllm": version, "token_required": bool, "limits": {ServerLimits}}
     POST /generate        {"prompts": [[token ids]], "n": K, "params": {SamplingParams keys}}
                           -> {"completions": [[[ids, logprobs] x K] per prompt]}
-    POST /weights?final=0|1   body: one safetensors chunk of (name -> tensor); the chunks of one push
-                          are kept until the final one, then loaded together (and the prefix cache reset).
+    POST /weights?push=ID&index=I&final=0|1   body: one safetensors chunk of (name -> tensor); the chunks
+                          of push ID (I = 0, 1, ...) are kept until the final one, then loaded together.
+
+What a client can make it do is bounded (docs/launching.md, "Running the server safely"):
+- with a token (`--token`, or RLOO_VLLM_TOKEN in the server's environment) every request must carry
+  `Authorization: Bearer <token>` (compared in constant time): 401 without it, 403 with another one;
+- a body over its limit (`--max_request_mb`, `--max_chunk_mb`) is refused with 413 from its Content-Length,
+  before it is read; a client that stalls mid-request is dropped after `--socket_timeout` seconds;
+- each connection has its own thread (at most `--max_connections`; more get 503 at once), so /health
+  answers while a weight chunk is in transit; the engine runs one generation or weight load at a time (a lock);
+- one push is assembled at a time, within `--max_pending_chunks` chunks and `--max_pending_mb` bytes: a chunk
+  over either bound is refused (413) and its push dropped; the first chunk of a new push drops an unfinished one.
 
 Start it with `rloo vllm-serve --model PATH [--host 127.0.0.1] [--port 8000]` (or
-`python -m rloo.generation.vllm_server`); the script that trains needs the `if __name__ == "__main__":`
-idiom only for colocate mode.
+`python -m rloo.generation.vllm_server`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
+import ipaddress
 import json
 import os
+import socket
 import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import threading
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlparse
 
 import torch
 
+TOKEN_ENV = "RLOO_VLLM_TOKEN"
+MB = 2**20
+
+
+def half_the_memory() -> int:
+    """Half this machine's physical memory in bytes (16 GiB where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2**30
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one client can make the server hold or wait for. Sizes in bytes, times in seconds."""
+
+    request_bytes: int = 64 * MB  # the body of a /generate request
+    chunk_bytes: int = 2048 * MB  # the body of one /weights request (one safetensors chunk)
+    pending_chunks: int = 4096  # chunks of the push being assembled
+    pending_bytes: int = field(default_factory=half_the_memory)  # their bodies, together
+    socket_timeout: float = 30.0  # a client silent this long mid-request is dropped
+    connections: int = 64  # open connections; more are answered 503 and closed
+
+
+class Refused(Exception):
+    """A request the server answers with an error status; `message` names the limit or the fix."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class PendingPush:
+    """The chunks of the weight push being assembled, bounded in count and bytes.
+
+    One push at a time: the first chunk (index 0) of another push drops an unfinished one (its sender died
+    or gave up; that push's later chunks are then refused). A chunk is admitted from its size alone, before
+    its body is read (`admit`), and counted from then on, so concurrent requests cannot overshoot the bound.
+    A chunk over either bound is refused and its whole push dropped: loading part of a push would leave the
+    engine with a mix of old and new weights, so the sender must resend it all.
+    """
+
+    def __init__(self, max_chunks: int, max_bytes: int) -> None:
+        self.max_chunks, self.max_bytes = max_chunks, max_bytes
+        self._lock = threading.Lock()
+        self._reset(None)
+
+    def _reset(self, push_id: str | None) -> None:
+        self.push_id, self.chunks, self.bytes, self.next_index = push_id, {}, 0, 0
+
+    def admit(self, push_id: str, index: int, size: int) -> str | None:
+        """Count chunk `index` of `push_id` (`size` bytes) as pending, or raise Refused. Returns a line about
+        an unfinished push this one dropped, if any."""
+        with self._lock:
+            dropped = None
+            if index == 0:
+                if self.push_id is not None and self.push_id != push_id:
+                    dropped = (f"dropped the unfinished push {self.push_id} ({len(self.chunks)} chunks, "
+                               f"{self.bytes} bytes pending): push {push_id} began")
+                self._reset(push_id)
+            elif push_id != self.push_id:
+                raise Refused(409, f"push {push_id} is not being assembled (a newer push began, or it was dropped "
+                                   f"over a bound); send the whole push again from index 0")
+            if index != self.next_index:
+                self._reset(None)
+                raise Refused(409, f"chunk {index} of push {push_id} came out of order (expected {self.next_index}); "
+                                   f"the push was dropped, send it again from index 0")
+            if len(self.chunks) + 1 > self.max_chunks or self.bytes + size > self.max_bytes:
+                count, held = len(self.chunks), self.bytes
+                self._reset(None)
+                raise Refused(413, f"push {push_id} would hold {count + 1} chunks and {held + size} bytes before its "
+                                   f"final chunk, over this server's bound of {self.max_chunks} chunks "
+                                   f"(--max_pending_chunks) and {self.max_bytes} bytes (--max_pending_mb); the push "
+                                   f"was dropped. Restart the server with larger bounds for a model this size.")
+            self.chunks[index] = None  # admitted; its tensors arrive with `add`
+            self.bytes += size
+            self.next_index += 1
+            return dropped
+
+    def add(self, push_id: str, index: int, tensors: list[tuple[str, torch.Tensor]], final: bool) -> list | None:
+        """Store an admitted chunk's tensors; with `final`, take the whole push out (in chunk order)."""
+        with self._lock:
+            if push_id != self.push_id or index not in self.chunks:
+                raise Refused(409, f"push {push_id} was dropped while chunk {index} was in transit (a newer push "
+                                   f"began); send it again from index 0")
+            self.chunks[index] = tensors
+            if not final:
+                return None
+            if any(chunk is None for chunk in self.chunks.values()):
+                self._reset(None)
+                raise Refused(409, f"the final chunk of push {push_id} arrived before an earlier one; the push was "
+                                   f"dropped, send it again from index 0")
+            weights = [pair for i in sorted(self.chunks) for pair in self.chunks[i]]
+            self._reset(None)
+            return weights
+
+    def drop(self, push_id: str) -> None:
+        """Forget `push_id` (a chunk of it failed to arrive whole)."""
+        with self._lock:
+            if self.push_id == push_id:
+                self._reset(None)
+
+
+class WeightServer(ThreadingHTTPServer):
+    """The HTTP server: one thread per connection (at most `limits.connections`), one engine call at a time."""
+
+    daemon_threads = True  # a stalled client's thread never keeps the process from exiting
+
+    def __init__(self, address: tuple[str, int], engine: Any, model: str = "", vllm_version: str = "",
+                 token: str | None = None, limits: ServerLimits | None = None, verbose: bool = False) -> None:
+        super().__init__(address, EngineHandler)
+        self.engine, self.model, self.vllm_version = engine, model, vllm_version
+        self.token = token.encode() if token else None
+        self.limits = limits or ServerLimits()
+        self.verbose = verbose
+        self.engine_lock = threading.Lock()  # vLLM's engine is not thread-safe
+        self.pending = PendingPush(self.limits.pending_chunks, self.limits.pending_bytes)
+        self._slots = threading.BoundedSemaphore(self.limits.connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            body = (f'{{"error": "this server already holds {self.limits.connections} connections '
+                    f'(--max_connections); try again"}}').encode()
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:  # a client gone mid-reply: one line, no traceback
+        error = sys.exc_info()[1]
+        print(f"rloo vllm-serve: connection from {client_address[0]}:{client_address[1]} ended: "
+              f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+
 
 class EngineHandler(BaseHTTPRequestHandler):
-    """Routes the three endpoints to `self.server.engine` (a ColocatedEngine)."""
+    """Routes the three endpoints to `self.server.engine` (a ColocatedEngine, or a stand-in in tests)."""
+
+    server: WeightServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.limits.socket_timeout  # StreamRequestHandler sets it on the socket
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:  # one line per request, on stderr, only if asked
         if self.server.verbose:
             super().log_message(format, *args)
+
+    def log_error(self, format: str, *args: Any) -> None:  # refusals and dropped clients: always
+        super().log_message(format, *args)
 
     def _reply(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if status == 401:
+            self.send_header("WWW-Authenticate", "Bearer")
+        if status >= 400:  # the body may be unread: never read it as the next request
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(data)
 
+    def _refuse(self, refusal: Refused) -> None:
+        self.log_error("refused %s %s: %d %s", self.command, self.path, refusal.status, refusal.message)
+        self._reply(refusal.status, {"error": refusal.message})
+
+    def _check_token(self) -> None:
+        expected = self.server.token
+        if expected is None:
+            return
+        given = self.headers.get("Authorization", "")
+        if not given.startswith("Bearer "):
+            raise Refused(401, f"this server requires a token: set the environment variable {TOKEN_ENV} of the "
+                               f"trainer to the token `rloo vllm-serve` was started with (--token or {TOKEN_ENV})")
+        if not hmac.compare_digest(given[len("Bearer "):].encode(), expected):
+            raise Refused(403, f"wrong token: the trainer's {TOKEN_ENV} differs from the token `rloo vllm-serve` "
+                               f"was started with (--token or {TOKEN_ENV})")
+
+    def _body(self, limit: int, flag: str) -> bytes:
+        """The request's body, refused (413) from its Content-Length alone when over `limit`."""
+        size = self._content_length()
+        if size > limit:
+            raise Refused(413, f"a body of {size} bytes is over this server's limit of {limit} bytes for "
+                               f"{self.command} {urlparse(self.path).path} ({flag})")
+        return self._read(size)
+
+    def _content_length(self) -> int:
+        text = self.headers.get("Content-Length")
+        if text is None:
+            raise Refused(411, "a Content-Length header is required")
+        if not text.strip().isdigit():
+            raise Refused(400, f"Content-Length must be a non-negative integer, got {text!r}")
+        return int(text)
+
+    def _read(self, size: int) -> bytes:
+        try:
+            body = self.rfile.read(size)
+        except TimeoutError:
+            raise Refused(408, f"the client sent nothing for {self.server.limits.socket_timeout} s mid-body "
+                               f"(--socket_timeout); dropped") from None
+        if len(body) != size:
+            raise Refused(400, f"the client closed the connection after {len(body)} of {size} bytes")
+        return body
+
     def do_GET(self) -> None:
-        if urlparse(self.path).path == "/health":
-            self._reply(200, {"model": self.server.model, "vllm": self.server.vllm_version})
-        else:
-            self._reply(404, {"error": f"no endpoint {self.path}"})
+        try:
+            self._check_token()
+            if urlparse(self.path).path != "/health":
+                raise Refused(404, f"no endpoint {self.path}")
+            server = self.server
+            self._reply(200, {"model": server.model, "vllm": server.vllm_version, "token_required": server.token is not None,
+                              "limits": asdict(server.limits)})
+        except Refused as refusal:
+            self._refuse(refusal)
 
     def do_POST(self) -> None:
         url = urlparse(self.path)
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         try:
+            self._check_token()
             if url.path == "/generate":
-                request = json.loads(body)
-                grouped = self.server.engine.generate(request["prompts"], request["n"], request["params"])
-                self._reply(200, {"completions": [[[ids, logps] for ids, logps in group] for group in grouped]})
+                self._generate(self._body(self.server.limits.request_bytes, "--max_request_mb"))
             elif url.path == "/weights":
-                self._receive_weights(body, parse_qs(url.query).get("final", ["0"])[0] == "1")
-                self._reply(200, {"ok": True})
+                self._receive_weights(parse_qs(url.query))
             else:
-                self._reply(404, {"error": f"no endpoint {url.path}"})
+                raise Refused(404, f"no endpoint {url.path}")
+        except Refused as refusal:
+            self._refuse(refusal)
         except Exception as error:  # the client raises it, naming this server
+            self.log_error("%s %s failed: %s: %s", self.command, self.path, type(error).__name__, error)
             self._reply(500, {"error": f"{type(error).__name__}: {error}"})
 
-    def _receive_weights(self, chunk: bytes, final: bool) -> None:
+    def _generate(self, body: bytes) -> None:
+        try:
+            request = json.loads(body)
+            prompts, n, params = request["prompts"], request["n"], request["params"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise Refused(400, f"a /generate body must be JSON with prompts, n and params: {type(error).__name__}: {error}")
+        with self.server.engine_lock:
+            grouped = self.server.engine.generate(prompts, n, params)
+        self._reply(200, {"completions": [[[ids, logps] for ids, logps in group] for group in grouped]})
+
+    def _receive_weights(self, query: dict[str, list[str]]) -> None:
         from safetensors.torch import load
 
-        self.server.pending.extend(load(chunk).items())
-        if final:
-            weights, self.server.pending = self.server.pending, []
-            self.server.engine.load_weights(iter(weights))
+        push_id, index, final = query.get("push", [""])[0], query.get("index", [""])[0], query.get("final", ["0"])[0]
+        if not push_id or not index.isdigit() or final not in ("0", "1"):
+            raise Refused(400, "POST /weights needs ?push=ID&index=N&final=0|1")
+        index = int(index)
+        size = self._content_length()
+        if size > self.server.limits.chunk_bytes:
+            raise Refused(413, f"a weight chunk of {size} bytes is over this server's limit of "
+                               f"{self.server.limits.chunk_bytes} bytes (--max_chunk_mb)")
+        pending = self.server.pending
+        dropped = pending.admit(push_id, index, size)
+        if dropped:
+            self.log_error("%s", dropped)
+        try:
+            chunk = self._read(size)
+            try:
+                tensors = list(load(chunk).items())
+            except Exception as error:
+                raise Refused(400, f"chunk {index} of push {push_id} is not a safetensors file: {error}") from None
+        except Refused:
+            pending.drop(push_id)
+            raise
+        weights = pending.add(push_id, index, tensors, final == "1")
+        if weights is not None:
+            with self.server.engine_lock:
+                self.server.engine.load_weights(iter(weights))
+        self._reply(200, {"ok": True})
 
 
 def build_engine(model: str, dtype: str, max_model_len: int | None, seed: int) -> Any:
@@ -94,20 +344,76 @@ def build_engine(model: str, dtype: str, max_model_len: int | None, seed: int) -
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rloo vllm-serve",
-                                     description="Serve a vLLM engine for sampler='vllm', vllm_mode='server'.")
+                                     description="Serve a vLLM engine for sampler='vllm', vllm_mode='server'. "
+                                                 "See docs/launching.md for running it across machines safely.")
     parser.add_argument("--model", required=True, help="model folder (or Hub id) the policy starts from")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only); "
+                        "any other address needs a token")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--dtype", default="auto", help="float32, bfloat16, ... (auto: the checkpoint's); "
                         "use the policy's dtype so the engine's log-probs match the trainer's")
     parser.add_argument("--max_model_length", type=int, default=None, help="longest prompt + completion (tokens)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--token", default=None, help=f"a shared secret every request must carry; the trainer sends "
+                        f"its {TOKEN_ENV}. Default: this process's {TOKEN_ENV}. Prefer the environment variable: "
+                        f"other users of the machine can read a command line (ps)")
+    parser.add_argument("--allow_no_token", action="store_true",
+                        help="serve an address other than loopback without a token (anyone who reaches the port "
+                             "can then replace the weights)")
+    defaults = ServerLimits(pending_bytes=0)
+    parser.add_argument("--max_request_mb", type=float, default=defaults.request_bytes / MB,
+                        help="largest /generate body (MiB)")
+    parser.add_argument("--max_chunk_mb", type=float, default=defaults.chunk_bytes / MB,
+                        help="largest weight chunk (MiB); a single tensor must fit in one")
+    parser.add_argument("--max_pending_chunks", type=int, default=defaults.pending_chunks,
+                        help="most chunks of one push held before its final chunk")
+    parser.add_argument("--max_pending_mb", type=float, default=None,
+                        help="most bytes of one push held before its final chunk (MiB; default: half the "
+                             "machine's memory); at least the model's size in the trainer's dtype")
+    parser.add_argument("--socket_timeout", type=float, default=defaults.socket_timeout,
+                        help="seconds a client may stall mid-request before it is dropped")
+    parser.add_argument("--max_connections", type=int, default=defaults.connections,
+                        help="open connections served at once; more are answered 503")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
 
+def limits_from(args: argparse.Namespace) -> ServerLimits:
+    """The ServerLimits the flags ask for; a non-positive value is an error naming its flag."""
+    for flag in ("max_request_mb", "max_chunk_mb", "max_pending_chunks", "max_pending_mb", "socket_timeout",
+                 "max_connections"):
+        value = getattr(args, flag)
+        if value is not None and not value > 0:
+            raise SystemExit(f"rloo vllm-serve: --{flag} must be > 0, got {value}")
+    pending = int(args.max_pending_mb * MB) if args.max_pending_mb is not None else half_the_memory()
+    return ServerLimits(request_bytes=int(args.max_request_mb * MB), chunk_bytes=int(args.max_chunk_mb * MB),
+                        pending_chunks=args.max_pending_chunks, pending_bytes=pending,
+                        socket_timeout=args.socket_timeout, connections=args.max_connections)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is this machine's loopback."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def check_exposure(host: str, token: str | None, allow_no_token: bool) -> None:
+    """Refuse to serve a non-loopback address without a token unless told to (--allow_no_token)."""
+    if token is None and not allow_no_token and not is_loopback(host):
+        raise SystemExit(f"rloo vllm-serve: --host {host} is reachable from other machines, and without a token anyone "
+                         f"who reaches the port can replace the model's weights. Set {TOKEN_ENV} (in the server's and "
+                         f"the trainer's environment), or pass --allow_no_token on a network you trust; see "
+                         f"docs/launching.md.")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    limits = limits_from(args)
+    check_exposure(args.host, token, args.allow_no_token)
     try:
         import vllm
     except ImportError:
@@ -115,10 +421,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "virtualenv of its own, see docs/launching.md).") from None
 
     engine = build_engine(args.model, args.dtype, args.max_model_length, args.seed)
-    server = HTTPServer((args.host, args.port), EngineHandler)
-    server.engine, server.model, server.vllm_version = engine, args.model, vllm.__version__
-    server.pending, server.verbose = [], args.verbose
-    print(f"rloo vllm-serve: {args.model} on http://{args.host}:{server.server_port}", file=sys.stderr, flush=True)
+    server = WeightServer((args.host, args.port), engine, args.model, vllm.__version__, token, limits, args.verbose)
+    print(f"rloo vllm-serve: {args.model} on http://{args.host}:{server.server_port}, "
+          f"{'a token required' if token else 'no token (any local process may push weights)'}; pushes bounded to "
+          f"{limits.pending_chunks} chunks and {limits.pending_bytes // MB} MiB", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
