@@ -53,7 +53,7 @@ def serve():
     def start(engine=None, token=None, **limits):
         server = WeightServer(("127.0.0.1", 0), engine or RecordingEngine(), "m", "x", token=token,
                               limits=ServerLimits(**{"pending_bytes": 2**30, **limits}))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
         return server, server.server_port
 
@@ -111,7 +111,7 @@ def test_without_the_token_every_endpoint_is_refused_naming_the_variable(serve):
 
 def test_a_wrong_token_is_refused_and_changes_nothing(serve):
     server, port = serve(token=TOKEN)
-    for wrong in ("s3cret-tokem", "s3cret-token-and-more", "x"):
+    for wrong in ("s3cret-tokem", "s3cret-token-and-more", "s3cret", "x"):
         status, body = exchange(port, post("/weights?push=a&index=0&final=1", chunk(w=torch.ones(2)), token=wrong))
         assert status == 403 and "wrong token" in body["error"] and "RLOO_VLLM_TOKEN" in body["error"]
         status, _ = exchange(port, post("/generate", b'{"prompts": [[1]], "n": 1, "params": {}}', token=wrong))
