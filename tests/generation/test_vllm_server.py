@@ -1,5 +1,6 @@
 """Server mode against vLLM's real engine: `rloo vllm-serve` (generation/vllm_server.py) started on
-127.0.0.1 with a tiny Qwen2, rloo's HTTP client generating from it, pushing weights, and training.
+127.0.0.1 with a tiny Qwen2 and a token (RLOO_VLLM_TOKEN in both processes' environment), rloo's HTTP client
+generating from it, pushing weights, and training.
 
 Run by scripts/test_vllm.sh; skipped where vLLM is not installed, except with RLOO_REQUIRE_VLLM set (CI).
 """
@@ -25,6 +26,8 @@ from rloo import RLOOConfig, RLOOTrainer  # noqa: E402
 from rloo.generation.vllm import VLLMSampler  # noqa: E402
 from rloo.generation.vllm_client import HTTPEngine, ServerError  # noqa: E402
 
+TOKEN = "test-token-1234"
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -35,20 +38,29 @@ def server(tmp_path_factory):
     port = free_port()
     log = open(folder / "server.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "rloo.cli", "vllm-serve", "--model", str(folder),
-                                "--port", str(port), "--dtype", "float32"], stdout=log, stderr=subprocess.STDOUT)
+                                "--port", str(port), "--dtype", "float32"], stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "RLOO_VLLM_TOKEN": TOKEN})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while True:
         try:
-            HTTPEngine(url, timeout=5).call("GET", "/health")
+            HTTPEngine(url, timeout=5, token=TOKEN).call("GET", "/health")
             break
         except ServerError:
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()
                 pytest.fail(f"rloo vllm-serve did not start: {(folder / 'server.log').read_text()[-3000:]}")
             time.sleep(2)
+    with pytest.raises(ServerError, match="requires a token"):  # the real server refuses a client without it
+        HTTPEngine(url, timeout=5).call("GET", "/health")
     model.config._name_or_path = str(folder)
+    previous = os.environ.get("RLOO_VLLM_TOKEN")
+    os.environ["RLOO_VLLM_TOKEN"] = TOKEN  # the trainer's HTTPEngine.build reads it
     yield model, tokenizer, url
+    if previous is None:
+        os.environ.pop("RLOO_VLLM_TOKEN")
+    else:
+        os.environ["RLOO_VLLM_TOKEN"] = previous
     process.terminate()
     process.wait(timeout=60)
     log.close()
