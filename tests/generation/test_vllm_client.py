@@ -2,6 +2,7 @@
 handler serving a fake engine, and a server that never answers (the timeout must name it)."""
 
 import socket
+import struct
 import threading
 
 import pytest
@@ -69,6 +70,29 @@ def test_a_server_that_never_answers_raises_within_the_timeout():
         with pytest.raises(ServerError, match=f"{url} did not answer POST /generate within vllm_server_timeout=0.5"):
             client.generate([[1]], 1, {})
     finally:
+        listener.close()
+
+
+def test_a_server_that_drops_the_connection_is_named_with_why_it_might():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(10.0)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def drop_one():  # read the request's first bytes, then reset the connection (SO_LINGER 0)
+        connection, _ = listener.accept()
+        connection.recv(100)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        connection.close()
+
+    dropper = threading.Thread(target=drop_one, daemon=True)
+    dropper.start()
+    try:
+        with pytest.raises(ServerError, match=f"the vLLM server at {url} closed the connection during POST /generate"):
+            HTTPEngine(url, timeout=10.0).generate([[1]], 1, {})
+    finally:
+        dropper.join(10.0)
         listener.close()
 
 
