@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import torch
 
-from rloo.generation.vllm_server import TOKEN_ENV
+from rloo.generation.vllm_server_guards import TOKEN_ENV
 
 CHUNK_BYTES = 256 * 2**20
 HEADER_BYTES = 64  # a safetensors file's own header bytes, beyond its tensors' entries
