@@ -285,7 +285,9 @@ class RLOOConfig:
     """Colocate mode: put the engine to sleep (weights and KV cache off the GPU) between generations
     and wake it before the next, so training gets the memory back. GPU only: refused on vLLM's CPU engine."""
     vllm_server_base_url: str | None = None
-    """Server mode: the server's URL (e.g. "http://host:8000"); when unset, host and port are used."""
+    """Server mode: the server's URL (e.g. "http://host:8000"); when unset, host and port are used. A token for a
+    server started with one comes from the RLOO_VLLM_TOKEN environment variable, never from the config, which is
+    written to disk (docs/launching.md, "Running the server safely")."""
     vllm_server_host: str = "0.0.0.0"
     """Server mode: host of the `rloo vllm-serve` server."""
     vllm_server_port: int = 8000
