@@ -26,7 +26,7 @@ class RecordingEngine:
 
     def __init__(self, gate: threading.Event | None = None):
         self.loads, self.prompts, self.gate = [], [], gate
-        self.inside, self.busy, self.entered = 0, 0, threading.Event()
+        self.inside, self.busy, self.entered, self.loading = 0, 0, threading.Event(), threading.Event()
         self._count = threading.Lock()
 
     def generate(self, prompts, n, params):
@@ -42,7 +42,13 @@ class RecordingEngine:
         return [[([7] * (k + 1), [-0.25] * (k + 1)) for k in range(n)] for _ in prompts]
 
     def load_weights(self, weights):
+        with self._count:
+            self.inside += 1
+            self.busy = max(self.busy, self.inside)
+        self.loading.set()
         self.loads.append({name: tensor.clone() for name, tensor in weights})
+        with self._count:
+            self.inside -= 1
 
 
 @pytest.fixture
@@ -210,6 +216,26 @@ def test_health_answers_while_a_generation_runs_and_generations_take_turns(serve
         for thread in threads:
             thread.join(WAIT)
     assert len(results) == 2 and server.engine.busy == 1  # both answered, never two inside the engine at once
+
+
+def test_a_weight_load_waits_for_the_running_generation(serve):
+    """A push's final chunk arrives while a generation holds the engine: the load starts only after it. The 1 s
+    wait for the load can only hide a missing lock on a very slow machine; it never fails a correct server."""
+    gate = threading.Event()
+    server, port = serve(engine=RecordingEngine(gate))
+    client = HTTPEngine(f"http://127.0.0.1:{port}", timeout=WAIT)
+    generation = threading.Thread(target=client.generate, args=([[1]], 1, {}))
+    push = threading.Thread(target=client.load_weights, args=(iter([("w", torch.ones(2))]),))
+    generation.start()
+    try:
+        assert server.engine.entered.wait(WAIT)
+        push.start()
+        assert not server.engine.loading.wait(1.0)  # held behind the generation
+    finally:
+        gate.set()
+        generation.join(WAIT)
+        push.join(WAIT)
+    assert len(server.engine.loads) == 1 and server.engine.busy == 1
 
 
 def test_connections_over_the_cap_get_503_at_once(serve):
