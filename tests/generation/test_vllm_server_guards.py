@@ -161,10 +161,16 @@ def test_an_oversized_body_is_refused_from_its_content_length_without_being_read
     assert server.engine.prompts == [] and server.engine.loads == [] and server.pending.bytes == 0
 
 
-def test_a_bad_or_missing_content_length_is_refused(serve):
-    _, port = serve()
+def test_a_bad_or_missing_content_length_or_push_query_is_refused(serve):
+    server, port = serve()
     assert exchange(port, b"POST /generate HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 411
-    assert exchange(port, b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")[0] == 400
+    for length in ("-5", "+5", "5e3", "\u00b2".encode("latin-1").decode("latin-1")):
+        status, body = exchange(port, f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode("latin-1"))
+        assert status == 400 and "Content-Length must be" in body["error"]
+    for query in ("push=&index=0&final=1", "push=a/b&index=0&final=1", "push=a&index=-1&final=1", "push=a&index=0&final=2"):
+        status, body = exchange(port, post(f"/weights?{query}", chunk(w=torch.ones(2))))
+        assert status == 400 and "needs ?push=ID&index=N&final=0|1" in body["error"]
+    assert server.pending.push_id is None and server.engine.loads == []
 
 
 def test_the_client_refuses_a_tensor_over_the_servers_chunk_limit_before_sending(serve):

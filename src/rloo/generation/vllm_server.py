@@ -33,6 +33,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -146,7 +147,7 @@ class EngineHandler(BaseHTTPRequestHandler):
         text = self.headers.get("Content-Length")
         if text is None:
             raise Refused(411, "a Content-Length header is required")
-        if not text.strip().isdigit():
+        if not re.fullmatch(r"[0-9]{1,18}", text.strip()):
             raise Refused(400, f"Content-Length must be a non-negative integer, got {text!r}")
         return int(text)
 
@@ -201,8 +202,9 @@ class EngineHandler(BaseHTTPRequestHandler):
         from safetensors.torch import load
 
         push_id, index, final = query.get("push", [""])[0], query.get("index", [""])[0], query.get("final", ["0"])[0]
-        if not push_id or not index.isdigit() or final not in ("0", "1"):
-            raise Refused(400, "POST /weights needs ?push=ID&index=N&final=0|1")
+        if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", push_id) or not re.fullmatch(r"[0-9]{1,9}", index) \
+                or final not in ("0", "1"):
+            raise Refused(400, "POST /weights needs ?push=ID&index=N&final=0|1 (ID: 1-64 letters, digits, _ or -)")
         index = int(index)
         size = self._content_length()
         if size > self.server.limits.chunk_bytes:
