@@ -264,18 +264,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "can then replace the weights)")
     defaults = ServerLimits(pending_bytes=0)
     parser.add_argument("--max_request_mb", type=float, default=defaults.request_bytes / MB,
-                        help="largest /generate body (MiB)")
+                        help="largest /generate body (MiB; default %(default)s)")
     parser.add_argument("--max_chunk_mb", type=float, default=defaults.chunk_bytes / MB,
-                        help="largest weight chunk (MiB); a single tensor must fit in one")
+                        help="largest weight chunk (MiB; default %(default)s); a single tensor must fit in one")
     parser.add_argument("--max_pending_chunks", type=int, default=defaults.pending_chunks,
-                        help="most chunks of one push held before its final chunk")
+                        help="most chunks of one push held before its final chunk (default %(default)s)")
     parser.add_argument("--max_pending_mb", type=float, default=None,
                         help="most bytes of one push held before its final chunk (MiB; default: half the "
                              "machine's memory); at least the model's size in the trainer's dtype")
     parser.add_argument("--socket_timeout", type=float, default=defaults.socket_timeout,
-                        help="seconds a client may stall mid-request before it is dropped")
+                        help="seconds a client may stall mid-request before it is dropped (default %(default)s)")
     parser.add_argument("--max_connections", type=int, default=defaults.connections,
-                        help="open connections served at once; more are answered 503")
+                        help="open connections served at once (default %(default)s); more are answered 503")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
