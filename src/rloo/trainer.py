@@ -218,7 +218,10 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         control = self.callback_handler.event("on_train_begin")
 
         for rollout_index in range(start_rollout, self.num_rollouts):
+            collect_start = time.perf_counter()
             rollout, samples, refill_stats = self._collect_rollout(self._rows(rollout_index), rollout_index)  # steps 1-4
+            # TRL's step_time: an optimizer step's seconds, the sampling counted in the step that waited for it.
+            waited = time.perf_counter() - collect_start
             rollout_stats = rollout_metrics(rollout, acc, args.num_generations,
                                             [fn.name for fn in self.reward_functions])
             self._report_zero_spread(rollout_stats)
@@ -227,7 +230,9 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             window_episodes += episodes
 
             for mini_batch in mini_batches(rollout, args):  # step 5: num_iterations * num_mini_batches steps
+                step_start = time.perf_counter()
                 step_stats = self.learner.step(mini_batch)
+                step_stats["step_time"], waited = time.perf_counter() - step_start + waited, 0.0
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
                 self._sync_reference()
@@ -352,7 +357,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             **window,
             "objective/entropy": window.get("policy/entropy_avg", float("nan")),
             "eps": eps,
-            "lr": self.lr_scheduler.get_last_lr()[0],
+            "lr": self.learner.step_lr,  # the rate the logging step used, not the next one
             "episode": float(self.episode),
         })
         self.logger.log(metrics, self.global_step)

@@ -2,9 +2,10 @@
 
 Metrics (prefix `eval/`, TRL's names where TRL has one): `reward`, `reward_std` (within a prompt's
 group), `rewards/{name}/mean` and `/std`, `completions/mean_length`, `/min_length`, `/max_length`,
-`completions/clipped_ratio` (truncated: no EOS or stop), and for rewards that are all 0 or 1 (correct
-or not) `pass@k` for k in 1, 2, 4, ... up to n = num_generations_eval, from the unbiased estimator
-of Chen et al. (2021): pass@k = 1 - C(n - c, k) / C(n, k) for c correct of n samples, averaged
+`completions/clipped_ratio` (truncated: no EOS or stop), `completions/mean_terminated_length`,
+`/min_terminated_length`, `/max_terminated_length` (of the completions that ended), and for
+rewards that are all 0 or 1 (correct or not) `pass@k` for k in 1, 2, 4, ... up to n = num_generations_eval,
+from the unbiased estimator of Chen et al. (2021): pass@k = 1 - C(n - c, k) / C(n, k) for c correct of n samples, averaged
 over prompts. `pass@k` is the weighted reward's; `rewards/{name}/pass@k` each binary function's.
 """
 
@@ -19,6 +20,7 @@ from accelerate.utils import gather_object
 from rloo.data.schedule import select_rows
 from rloo.generation.base import SampledBatch
 from rloo.rewards.scoring import reward_function_metrics
+from rloo.run.metrics import length_metrics
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
@@ -83,10 +85,7 @@ def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequen
     metrics = {
         "reward": scores.mean().item(),
         "reward_std": (scores.std(dim=1) if n > 1 else torch.zeros(scores.shape[0])).mean().item(),
-        "completions/mean_length": lengths.float().mean().item(),
-        "completions/min_length": lengths.float().min().item(),
-        "completions/max_length": lengths.float().max().item(),
-        "completions/clipped_ratio": truncated.float().mean().item(),
+        **length_metrics(lengths.flatten(), truncated.flatten()),
     }
     per_name = reward_function_metrics(list(names), per_function.flatten(0, 1))  # mean and std of what each scored
     metrics.update({key: value for key, value in per_name.items() if key != "rewards/unscored_frac"})
