@@ -318,9 +318,9 @@ def clip_extremes(per_micro_batch: torch.Tensor) -> dict[str, float]:
 # TRL 1.16's names for figures rloo logs under TRL v0's names (the same values, logged under both).
 TRL_TRAIN_ALIASES = {"kl": "objective/kl", "entropy": "policy/entropy_avg", "learning_rate": "lr",
                      "loss": "loss/policy_avg"}
-# What TRL 1.16 sends to TensorBoard / W&B with a "train/" prefix (eval keys already start with "eval/").
-TRL_TRAIN_NAMES = {*TRL_TRAIN_ALIASES, "reward", "reward_std", "frac_reward_zero_std", "num_tokens", "grad_norm"}
-TRL_TRAIN_PREFIXES = ("rewards/", "completions/", "clip_ratio/")
+# Other names of a value already logged under a TRL 1.16 name: metrics.jsonl keeps them, the trackers
+# chart the value once, under TRL's name.
+DUPLICATE_NAMES = {old: new for new, old in TRL_TRAIN_ALIASES.items()} | {"objective/entropy": "entropy"}
 
 
 def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
@@ -329,13 +329,17 @@ def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def tracker_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """What the trackers get: every metric as logged, plus "train/<name>" for TRL 1.16's training
-    names, as TRL's TensorBoard and W&B charts are keyed."""
-    train = {f"train/{k}": v for k, v in metrics.items()
-             if k in TRL_TRAIN_NAMES or k.startswith(TRL_TRAIN_PREFIXES)}
-    # evaluate() also returns transformers' "eval_reward" spelling of "eval/reward": one series is enough.
+    """What the trackers get, laid out as transformers' trackers lay out TRL's logs: a training figure
+    as "train/<name>" (`train/reward`, `train/kl`, `train/completions/mean_length`), an eval figure as
+    "eval/<name>"; each value once (not under its TRL v0 name too, nor as transformers' "eval_reward")."""
+    # evaluate() returns each eval figure as "eval/reward" and as transformers' "eval_reward".
     underscored = {"_".join(k.split("/", 1)) for k in metrics if k.startswith("eval") and "/" in k}
-    return {**{k: v for k, v in metrics.items() if k not in underscored}, **train}
+    charted: dict[str, float] = {}
+    for key, value in metrics.items():
+        if key in underscored or DUPLICATE_NAMES.get(key) in metrics:
+            continue
+        charted[key if key.startswith(("eval", "train/")) else f"train/{key}"] = value
+    return charted
 
 
 # ------------------------------------------------------------------ sinks
