@@ -268,11 +268,13 @@ class RLOOTrainer(trainer_api.TrainerAPI):
 
     def _finish(self, last_metrics: dict[str, float], runtime: float, episodes: int, steps: int
                 ) -> trainer_api.TrainOutput:
-        """After the loop: unless a signal stopped it, the final eval, the saved model and TRL's closing entry."""
+        """After the loop: unless a signal stopped it, the final eval, the saved model (not with TRL's
+        save_strategy="no", which writes no weights; `save_model` does) and TRL's closing entry."""
         if self.stopped_by is None:
             if self.eval_dataset is not None:
                 last_metrics.update(self._log_eval())
-            self.save_model(self.args.output_dir)
+            if trainer_api.saves_final_model(self.args):
+                self.save_model(self.args.output_dir)
             last_metrics.update(self._log_closing(runtime, episodes, steps))
             self.callback_handler.event("on_train_end")
         self.accelerator.end_training()

@@ -26,7 +26,7 @@ __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 def run_train(argv: Sequence[str]) -> None:
     from rloo import builders, model_loading
     from rloo.data.loading import load_prompt_dataset
-    from rloo.run import run_dir
+    from rloo.run import run_dir, trainer_api
     from rloo.trainer import RLOOTrainer
 
     script, config, resume = parse_train_args(argv)
@@ -62,6 +62,8 @@ def run_train(argv: Sequence[str]) -> None:
         status = 128 + getattr(signal.Signals, trainer.stopped_by, signal.SIGTERM)
         print(f"rloo: exit status {status}: the run is saved but not finished.", file=sys.stderr)
         raise SystemExit(status)
+    if not trainer_api.saves_final_model(config):  # as TRL's script: the CLI saves the model whatever save_strategy
+        trainer.save_model(config.output_dir)
     if trainer.accelerator.is_main_process:  # once, not once per process
         print(f"Saved the trained model to {config.output_dir}")
     if config.push_to_hub and trainer.accelerator.is_main_process:  # TRL's `--push_to_hub true`: push once trained
