@@ -25,7 +25,7 @@ __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 
 def run_train(argv: Sequence[str]) -> None:
     from rloo import builders, model_loading
-    from rloo.data.loading import load_prompt_dataset
+    from rloo.data.loading import first_rows, load_prompt_dataset
     from rloo.run import run_dir, trainer_api
     from rloo.trainer import RLOOTrainer
 
@@ -38,8 +38,8 @@ def run_train(argv: Sequence[str]) -> None:
         run_dir.refuse_used_output_dir(config.output_dir)
     builders.check_model_name(script.model_name_or_path)
     train_dataset = load_prompt_dataset(script.dataset_name, script.dataset_split, script.dataset_config)
-    eval_dataset = (load_prompt_dataset(script.dataset_name, script.eval_split, script.dataset_config)
-                    if script.eval_split else None)
+    eval_dataset = (first_rows(load_prompt_dataset(script.dataset_name, script.eval_split, script.dataset_config),
+                               script.max_eval_samples) if script.eval_split else None)
     peft_config = trl_flags.lora_config(script, script.trl_flags) if script.use_peft else None
     from transformers import AutoTokenizer
 
@@ -83,6 +83,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, CheckpointError, FileNotFoundError, RewardError, config_fields.TRLFieldError, LaunchError)
 
 
+# What a signal outside the training loop interrupted, by command.
+STOPPED = {"train": " before training began; nothing was saved.",
+           "demo": " before training began; nothing was saved.",
+           "eval": " during evaluation; no eval_results.json was written (--max_eval_samples N scores fewer prompts).",
+           "report": "; no report was written.",
+           "vllm-serve": "; the server has stopped."}
+
+
 class _Terminated(BaseException):
     """SIGTERM before training began (the loop then handles signals itself)."""
 
@@ -122,9 +130,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             traceback.print_exc()
         print(f"rloo: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (KeyboardInterrupt, _Terminated) as error:  # a signal while loading: nothing to save yet
+    except (KeyboardInterrupt, _Terminated) as error:  # a signal while loading (training handles its own)
         name = "SIGINT" if isinstance(error, KeyboardInterrupt) else "SIGTERM"
-        print(f"rloo: stopped by {name} before training began; nothing was saved.", file=sys.stderr)
+        print(f"rloo: stopped by {name}{STOPPED.get(argv[0], STOPPED['train'])}", file=sys.stderr)
         raise SystemExit(128 + signal.Signals[name]) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

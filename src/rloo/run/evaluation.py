@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 from accelerate.utils import gather_object
+from tqdm.auto import tqdm
 
 from rloo.data.schedule import select_rows
 from rloo.generation.base import SampledBatch
@@ -125,12 +126,16 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": []}
     was_training = collector.model.training
     collector.model.eval()
+    # One tick per batch of prompts, on the main process; it counts every process's prompts.
+    progress = tqdm(total=len(dataset), unit="prompt", desc=f"eval ({num_generations} completions each)",
+                    disable=not acc.is_main_process, dynamic_ncols=True, leave=False)
     for start in range(0, per_process, prompts_per_batch):
         rows = select_rows(dataset, indices[start : start + prompts_per_batch])
         batch_size = min(prompts_per_batch, per_process - start)  # the same on every process
         filler = rows[-1:] or select_rows(dataset, [0])  # a copy of a row: no extra prompt padding
         sampled = collector.sample([row["prompt"] for row in rows + filler * (batch_size - len(rows))],
                                    num_generations)
+        progress.update(min(batch_size * acc.num_processes, len(dataset) - progress.n))
         if not rows:
             continue
         sampled = first_prompts(sampled, len(rows), num_generations)
@@ -140,6 +145,7 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
         parts["per_function"].append(scored.per_function.float().cpu().view(*shape, -1))
         parts["lengths"].append(sampled.completion_mask.sum(dim=1).cpu().view(shape))
         parts["truncated"].append((~sampled.has_eos).cpu().view(shape))
+    progress.close()
     collector.model.train(was_training)
     local = {key: torch.cat(values) for key, values in parts.items() if values}
     gathered = [part for part in gather_object([local]) if part]  # one dict per process
