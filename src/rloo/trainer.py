@@ -218,10 +218,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         control = self.callback_handler.event("on_train_begin")
 
         for rollout_index in range(start_rollout, self.num_rollouts):
-            collect_start = time.perf_counter()
             rollout, samples, refill_stats = self._collect_rollout(self._rows(rollout_index), rollout_index)  # steps 1-4
-            # TRL's step_time: an optimizer step's seconds, the sampling counted in the step that waited for it.
-            waited = time.perf_counter() - collect_start
             rollout_stats = rollout_metrics(rollout, acc, args.num_generations,
                                             [fn.name for fn in self.reward_functions])
             self._report_zero_spread(rollout_stats)
@@ -230,9 +227,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             window_episodes += episodes
 
             for mini_batch in mini_batches(rollout, args):  # step 5: num_iterations * num_mini_batches steps
-                step_start = time.perf_counter()
                 step_stats = self.learner.step(mini_batch)
-                step_stats["step_time"], waited = time.perf_counter() - step_start + waited, 0.0
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
                 self._sync_reference()
@@ -268,8 +263,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
 
     def _finish(self, last_metrics: dict[str, float], runtime: float, episodes: int, steps: int
                 ) -> trainer_api.TrainOutput:
-        """After the loop: unless a signal stopped it, the final eval, the saved model (not with TRL's
-        save_strategy="no", which writes no weights; `save_model` does) and TRL's closing entry."""
+        """After the loop: unless a signal stopped it, the final eval, the model (`saves_final_model`), TRL's closing entry."""
         if self.stopped_by is None:
             if self.eval_dataset is not None:
                 last_metrics.update(self._log_eval())
@@ -346,13 +340,15 @@ class RLOOTrainer(trainer_api.TrainerAPI):
 
     def _collect_rollout(self, rows: list[dict[str, Any]], rollout_index: int
                          ) -> tuple[Rollout, Samples, dict[str, float]]:
-        """Steps 1-4, with dynamic sampling's extra rounds when it is on (and its metrics)."""
-        if self.async_rollouts is not None:  # the sampler, up to max_staleness rollouts ahead
-            return self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
-                                            self.num_rollouts)
-        if not self.args.dynamic_sampling:
-            return *self.collector.collect(rows, self.global_step, self.episode), {}
-        return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)
+        """Steps 1-4, with dynamic sampling's extra rounds when it is on (and its metrics). Its seconds join
+        the next optimizer step's step_time, as TRL counts generation in the step that triggers it."""
+        with self.learner.timed_wait():
+            if self.async_rollouts is not None:  # the sampler, up to max_staleness rollouts ahead
+                return self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
+                                                self.num_rollouts)
+            if not self.args.dynamic_sampling:
+                return *self.collector.collect(rows, self.global_step, self.episode), {}
+            return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)
 
     def _log(self, window: dict[str, float], eps: float, samples: Samples, rollout: Rollout) -> dict[str, float]:
         metrics = with_trl_names({

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -67,13 +68,14 @@ class Learner:
         self.aux_loss_coef = float(getattr(self.args, "router_aux_loss_coef", None) or 0.0) if is_moe else 0.0
         self._aux_loss: torch.Tensor | None = None
         self.step_lr = float("nan")  # the learning rate of the last optimizer step (`step`)
+        self._waited = 0.0  # seconds spent collecting the rollout the next step trains on (`timed_wait`)
         if self.args.shared_prefix_forward:
             check_shared_prompt_model(self.model)  # refuse at construction, not at the first step
 
     def step(self, mini_batch: Rollout) -> dict[str, float]:
         """One optimizer step over a mini-batch; returns the step's metrics. `step_lr` keeps the learning
         rate the step used (the schedule moves on after it), which is what a step's log shows, as in TRL."""
-        self.step_lr = float(self.lr_scheduler.get_last_lr()[0])
+        start, self.step_lr = time.perf_counter(), float(self.lr_scheduler.get_last_lr()[0])
         stats = self.accumulate_gradients(mini_batch)
         max_norm = self.args.max_grad_norm
         # With max_norm 0 the norm is still measured (clipping at inf scales by exactly 1) for the guard below.
@@ -82,13 +84,23 @@ class Learner:
             stats["grad_norm"] = grad_norm
         if not self.step_is_finite(stats["loss/policy_avg"], grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            self.lr_scheduler.step()  # the schedule counts steps taken or skipped, so a resume lines up
             stats["train/nonfinite_skipped"] = 1.0
-            return stats
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.lr_scheduler.step()  # the schedule counts steps taken or skipped, so a resume lines up
+        # TRL's step_time: the step's seconds, plus the sampling it waited for when it is a rollout's first.
+        stats["step_time"], self._waited = time.perf_counter() - start + self._waited, 0.0
         return stats
+
+    @contextlib.contextmanager
+    def timed_wait(self) -> Iterator[None]:
+        """Time the collection of a rollout: its seconds are added to the next step's step_time."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._waited += time.perf_counter() - start
 
     def step_is_finite(self, loss: float, grad_norm: float) -> bool:
         """False (after a warning) when the step's loss or gradient norm is NaN or inf; with

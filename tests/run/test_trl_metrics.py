@@ -79,3 +79,20 @@ def test_logged_learning_rate_is_the_one_each_step_used(tmp_path, make_model, to
             row["completions/max_terminated_length"] <= args.max_completion_length
         assert 0.0 <= row["clip_ratio/low_min"] <= row["clip_ratio/low_mean"]
         assert row["clip_ratio/high_mean"] <= row["clip_ratio/high_max"] <= 1.0
+
+
+def test_step_time_counts_the_rollouts_sampling_in_its_first_step(tmp_path, make_model, tokenizer, digit_dataset,
+                                                                 monkeypatch):
+    import itertools
+    import types
+
+    from rloo import update
+
+    ticks = itertools.count(1.0)  # a clock that moves one second per reading, read only by update.py
+    monkeypatch.setattr(update, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=4, num_iterations=2, max_steps=4, logging_steps=1, save_steps=0, seed=0)
+    RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer).train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # Each rollout: sampling 1 s, then two steps of 1 s each; the first step also carries the sampling.
+    assert [r["step_time"] for r in rows] == [2.0, 1.0, 2.0, 1.0]
