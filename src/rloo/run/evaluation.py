@@ -128,7 +128,7 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     collector.model.eval()
     # One tick per batch of prompts, on the main process; it counts every process's prompts.
     progress = tqdm(total=len(dataset), unit="prompt", desc=f"eval ({num_generations} completions each)",
-                    disable=not acc.is_main_process, dynamic_ncols=True, leave=False)
+                    disable=acc.process_index != 0, dynamic_ncols=True, leave=False)
     for start in range(0, per_process, prompts_per_batch):
         rows = select_rows(dataset, indices[start : start + prompts_per_batch])
         batch_size = min(prompts_per_batch, per_process - start)  # the same on every process
