@@ -320,7 +320,8 @@ TRL_TRAIN_ALIASES = {"kl": "objective/kl", "entropy": "policy/entropy_avg", "lea
                      "loss": "loss/policy_avg"}
 # Other names of a value already logged under a TRL 1.16 name: metrics.jsonl keeps them, the trackers
 # chart the value once, under TRL's name.
-DUPLICATE_NAMES = {old: new for new, old in TRL_TRAIN_ALIASES.items()} | {"objective/entropy": "entropy"}
+DUPLICATE_NAMES = {old: new for new, old in TRL_TRAIN_ALIASES.items()} | {"objective/entropy": "entropy",
+                                                                          "policy/clipfrac_avg": "clip_ratio/region_mean"}
 
 
 def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
