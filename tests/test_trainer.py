@@ -360,7 +360,7 @@ def test_tensorboard_tracker_receives_the_metrics(tmp_path, make_model, tokenize
     tags = set()
     for directory in event_dirs:
         tags |= set(EventAccumulator(str(directory)).Reload().Tags()["scalars"])
-    assert {"reward", "objective/kl", "loss/policy_avg", "episode"} <= tags
+    assert {"train/reward", "train/kl", "train/loss", "train/episode"} <= tags
 
 
 def test_gradients_left_on_the_model_do_not_leak_into_the_first_step(tmp_path, make_model, tokenizer, digit_dataset):

@@ -23,7 +23,7 @@ from rloo.dist.sharding import check_supported
 from rloo.generation import FastSampler, GenerateSampler, Sampler
 from rloo.generation.options import sampler_options
 from rloo.rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
-from rloo.run.trackers import resolve_report_to
+from rloo.run.trackers import accelerate_log_with
 
 
 def build_accelerator(args: RLOOConfig) -> Accelerator:
@@ -49,7 +49,7 @@ def _accelerator(args: RLOOConfig) -> Accelerator:
     return Accelerator(
         cpu=args.use_cpu,
         mixed_precision=mixed_precision,
-        log_with=resolve_report_to(args.report_to) or None,
+        log_with=accelerate_log_with(args.report_to, args.output_dir) or None,
         project_dir=args.output_dir,
         # Our schedule counts global optimizer steps; by default accelerate would step it once
         # per process per step and decay the learning rate num_processes times too fast.

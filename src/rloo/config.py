@@ -68,7 +68,8 @@ class RLOOConfig:
     report_to: str | list[str] = "none"
     """Trackers for metrics besides the console and metrics.jsonl, through accelerate: "none", "all"
     (every installed one), or one or a list of "tensorboard", "wandb", "trackio", "mlflow", "comet_ml",
-    "aim", "clearml", "dvclive", "swanlab". The project is $WANDB_PROJECT (default "rloo")."""
+    "aim", "clearml", "dvclive", "swanlab". The project is $WANDB_PROJECT (default "rloo"). TensorBoard writes
+    where TRL's does: output_dir/runs/<date>_<host>, or $TENSORBOARD_LOGGING_DIR."""
 
     # --- optimisation ---
     learning_rate: float = 1e-6

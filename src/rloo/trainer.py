@@ -263,11 +263,12 @@ class RLOOTrainer(trainer_api.TrainerAPI):
 
     def _finish(self, last_metrics: dict[str, float], runtime: float, episodes: int, steps: int
                 ) -> trainer_api.TrainOutput:
-        """After the loop: unless a signal stopped it, the final eval, the saved model and TRL's closing entry."""
+        """After the loop: unless a signal stopped it, the final eval, the model (`saves_final_model`), TRL's closing entry."""
         if self.stopped_by is None:
             if self.eval_dataset is not None:
                 last_metrics.update(self._log_eval())
-            self.save_model(self.args.output_dir)
+            if trainer_api.saves_final_model(self.args):
+                self.save_model(self.args.output_dir)
             last_metrics.update(self._log_closing(runtime, episodes, steps))
             self.callback_handler.event("on_train_end")
         self.accelerator.end_training()
@@ -339,20 +340,22 @@ class RLOOTrainer(trainer_api.TrainerAPI):
 
     def _collect_rollout(self, rows: list[dict[str, Any]], rollout_index: int
                          ) -> tuple[Rollout, Samples, dict[str, float]]:
-        """Steps 1-4, with dynamic sampling's extra rounds when it is on (and its metrics)."""
-        if self.async_rollouts is not None:  # the sampler, up to max_staleness rollouts ahead
-            return self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
-                                            self.num_rollouts)
-        if not self.args.dynamic_sampling:
-            return *self.collector.collect(rows, self.global_step, self.episode), {}
-        return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)
+        """Steps 1-4, with dynamic sampling's extra rounds when it is on (and its metrics). Its seconds join
+        the next optimizer step's step_time, as TRL counts generation in the step that triggers it."""
+        with self.learner.timed_wait():
+            if self.async_rollouts is not None:  # the sampler, up to max_staleness rollouts ahead
+                return self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
+                                                self.num_rollouts)
+            if not self.args.dynamic_sampling:
+                return *self.collector.collect(rows, self.global_step, self.episode), {}
+            return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)
 
     def _log(self, window: dict[str, float], eps: float, samples: Samples, rollout: Rollout) -> dict[str, float]:
         metrics = with_trl_names({
             **window,
             "objective/entropy": window.get("policy/entropy_avg", float("nan")),
             "eps": eps,
-            "lr": self.lr_scheduler.get_last_lr()[0],
+            "lr": self.learner.step_lr,  # the rate the logging step used, not the next one
             "episode": float(self.episode),
         })
         self.logger.log(metrics, self.global_step)

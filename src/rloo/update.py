@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -29,7 +30,7 @@ from rloo.algo.prefix_logprobs import check_shared_prompt_model, shared_prompt_l
 from rloo.config import RLOOConfig
 from rloo.dist import accelerate_internals
 from rloo.rollout import Rollout
-from rloo.run.metrics import step_metrics
+from rloo.run.metrics import clip_extremes, completion_clip_extremes, step_metrics
 
 # Sums over a step's micro-batches from which `metrics.step_metrics` builds the step's metrics.
 logger = logging.getLogger(__name__)
@@ -66,11 +67,15 @@ class Learner:
         is_moe = getattr(getattr(config, "get_text_config", lambda: config)(), "output_router_logits", None) is not None
         self.aux_loss_coef = float(getattr(self.args, "router_aux_loss_coef", None) or 0.0) if is_moe else 0.0
         self._aux_loss: torch.Tensor | None = None
+        self.step_lr = float("nan")  # the learning rate of the last optimizer step (`step`)
+        self._waited = 0.0  # seconds spent collecting the rollout the next step trains on (`timed_wait`)
         if self.args.shared_prefix_forward:
             check_shared_prompt_model(self.model)  # refuse at construction, not at the first step
 
     def step(self, mini_batch: Rollout) -> dict[str, float]:
-        """One optimizer step over a mini-batch; returns the step's metrics."""
+        """One optimizer step over a mini-batch; returns the step's metrics. `step_lr` keeps the learning
+        rate the step used (the schedule moves on after it), which is what a step's log shows, as in TRL."""
+        start, self.step_lr = time.perf_counter(), float(self.lr_scheduler.get_last_lr()[0])
         stats = self.accumulate_gradients(mini_batch)
         max_norm = self.args.max_grad_norm
         # With max_norm 0 the norm is still measured (clipping at inf scales by exactly 1) for the guard below.
@@ -79,13 +84,23 @@ class Learner:
             stats["grad_norm"] = grad_norm
         if not self.step_is_finite(stats["loss/policy_avg"], grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            self.lr_scheduler.step()  # the schedule counts steps taken or skipped, so a resume lines up
             stats["train/nonfinite_skipped"] = 1.0
-            return stats
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.lr_scheduler.step()  # the schedule counts steps taken or skipped, so a resume lines up
+        # TRL's step_time: the step's seconds, plus the sampling it waited for when it is a rollout's first.
+        stats["step_time"], self._waited = time.perf_counter() - start + self._waited, 0.0
         return stats
+
+    @contextlib.contextmanager
+    def timed_wait(self) -> Iterator[None]:
+        """Time the collection of a rollout: its seconds are added to the next step's step_time."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._waited += time.perf_counter() - start
 
     def step_is_finite(self, loss: float, grad_norm: float) -> bool:
         """False (after a warning) when the step's loss or gradient norm is NaN or inf; with
@@ -111,6 +126,7 @@ class Learner:
         size = args.per_device_train_batch_size
         denominator = self.loss_denominator(mini_batch)
         totals = dict.fromkeys(STEP_TOTALS, 0.0)
+        extremes: list[tuple[float, float]] = []  # per micro-batch: (clip_ratio/low_min, /high_max) on this process
         for index in range(args.gradient_accumulation_steps):
             micro = mini_batch.micro_batch(index * size, size, self.pad_to_multiple_of)
             is_last = index == args.gradient_accumulation_steps - 1
@@ -123,6 +139,7 @@ class Learner:
                 aux = 0.0 if self._aux_loss is None else self.aux_loss_coef * self._aux_loss
                 acc.backward(numerators.sum() / denominator * acc.gradient_accumulation_steps + aux)
             totals["loss"] += numerators.detach().sum().item()
+            extremes.append((stats.pop("clip_low_min"), stats.pop("clip_high_max")))
             for name, value in stats.items():
                 totals[name] += value
         # Metrics of the global step: sums over every process, over the global denominator.
@@ -132,6 +149,8 @@ class Learner:
         metrics = step_metrics(totals, float(denominator) * acc.num_processes,
                                with_kl_loss=kl_placement(args.kl_penalty, args.beta).in_loss,
                                with_off_policy_mask=args.off_policy_mask_threshold is not None)
+        gathered = acc.gather(torch.tensor(extremes, dtype=torch.float32, device=acc.device))  # (P * M, 2)
+        metrics.update(clip_extremes(gathered.view(acc.num_processes, len(extremes), 2).cpu()))
         if self.aux_loss_coef:  # mean router loss over the step's micro-batches, on every process
             metrics["aux_loss"] = totals["aux_loss"] / (args.gradient_accumulation_steps * acc.num_processes)
         return metrics
@@ -174,6 +193,7 @@ class Learner:
         numerators = numerators + reduce_to_sequences(extra, mask, args.loss_agg_mode, args.max_completion_length)
 
         log_ratio = torch.log(out.ratio.clamp(min=1e-30))
+        low_min, high_max = completion_clip_extremes(out.clipped_low.detach(), out.clipped_high.detach(), units)
         stats = {
             "units": units.sum().item(),
             "clipped_low": (out.clipped_low * units).sum().item(),
@@ -187,6 +207,8 @@ class Learner:
             "aux_loss": 0.0 if self._aux_loss is None else float(self._aux_loss.detach()),
             "completions": micro.trained.float().sum().item(),
             "off_policy_masked": masked,
+            "clip_low_min": low_min,  # not summed: gathered per micro-batch by accumulate_gradients
+            "clip_high_max": high_max,
         }
         return numerators, stats
 

@@ -287,7 +287,9 @@ def test_trl_1_16_names_alongside_v0_names(tmp_path, make_model, tokenizer, digi
     assert charted["train/kl"] == logged["kl"] and charted["train/rewards/digit_fraction/mean"] == \
         logged["rewards/digit_fraction/mean"] and charted["train/completions/mean_length"] == logged[
             "completions/mean_length"]
-    assert "eval/reward" in charted and "eval_reward" not in charted and "objective/kl" in charted
+    assert "eval/reward" in charted and "eval_reward" not in charted
+    # Each value once: not under its v0 name (objective/kl, lr, ...) nor unprefixed.
+    assert not {"objective/kl", "train/objective/kl", "train/lr", "train/objective/entropy", "reward"} & set(charted)
 
 
 def test_closing_entry_takes_the_last_steps_figures(tmp_path, make_model, tokenizer, digit_dataset):

@@ -98,5 +98,5 @@ def test_zero_on_two_cpu_processes_steps_once_per_optimizer_step_and_matches_ddp
         assert ranks[0]["checksum"] == pytest.approx(reference["checksum"], rel=1e-6)
     lines = [json.loads(line) for line in (ds_dir / "run" / "metrics.jsonl").read_text().splitlines()]
     ddp_lines = [json.loads(line) for line in (ddp_dir / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [line["lr"] for line in lines] == pytest.approx([1e-2 * 2 / 3, 1e-2 / 3, 0.0])  # once per step
+    assert [line["lr"] for line in lines] == pytest.approx([1e-2, 1e-2 * 2 / 3, 1e-2 / 3])  # once per step
     assert [line["grad_norm"] for line in lines] == pytest.approx([line["grad_norm"] for line in ddp_lines], rel=1e-5)

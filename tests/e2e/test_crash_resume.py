@@ -41,7 +41,7 @@ def _train(tmp_path, output_dir, kill=None, resume=False):
 
 def _rows(path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k != "eps"} for row in rows]  # eps is a timing
+    return [{k: v for k, v in row.items() if k not in ("eps", "step_time")} for row in rows]  # timings
 
 
 def test_kills_and_sigterm_then_resume_latest_equal_the_uninterrupted_run(tmp_path):

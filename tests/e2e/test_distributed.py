@@ -24,8 +24,8 @@ def test_two_processes_keep_groups_whole_and_weights_in_sync(tmp_path):
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)  # DDP kept weights equal
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3  # only the main process writes
-    # The linear schedule decays once per optimizer step, not once per process: 1e-2 * (3 - step) / 3.
-    assert [json.loads(line)["lr"] for line in lines] == pytest.approx([1e-2 * 2 / 3, 1e-2 / 3, 0.0])
+    # The linear schedule decays once per optimizer step, not once per process: step s uses 1e-2 * (4 - s) / 3.
+    assert [json.loads(line)["lr"] for line in lines] == pytest.approx([1e-2, 1e-2 * 2 / 3, 1e-2 / 3])
 
 
 def test_two_processes_with_the_shared_prefix_forward_train_like_the_whole_row_pass(tmp_path):

@@ -81,16 +81,20 @@ def test_eval_every_eval_steps_is_logged_once_per_step_with_pass_at_k(tmp_path, 
     assert final["eval/reward"] == evals[-1]["eval/reward"]
 
 
-def test_rloo_eval_cli_on_a_saved_model(tmp_path, make_model, tokenizer, capsys):
-    import textwrap
-
-    from rloo.cli import main
-
+def _saved_model(tmp_path, make_model, tokenizer):
     model_dir = tmp_path / "model"
     make_model().save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) for a in range(6)))
+    return model_dir
+
+
+def _rows(path, numbers):
+    path.write_text("\n".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) for a in numbers))
+
+
+def _eval_config(tmp_path, data):
+    import textwrap
+
     (tmp_path / "run.yaml").write_text(textwrap.dedent(f"""\
         dataset_name: {data}
         reward_funcs: [exact_match]
@@ -100,14 +104,84 @@ def test_rloo_eval_cli_on_a_saved_model(tmp_path, make_model, tokenizer, capsys)
         num_generations_eval: 4
         max_completion_length: 3
         """))
-    main(["eval", "--model", str(model_dir), "--config", str(tmp_path / "run.yaml")])
+    return str(tmp_path / "run.yaml")
+
+
+def test_rloo_eval_cli_on_a_saved_model(tmp_path, make_model, tokenizer, capsys):
+    from rloo.cli import main
+
+    model_dir = _saved_model(tmp_path, make_model, tokenizer)
+    data = tmp_path / "prompts.jsonl"
+    _rows(data, range(6))
+    main(["eval", "--model", str(model_dir), "--config", _eval_config(tmp_path, data)])
     results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
     assert results["model"] == str(model_dir) and results["split"] == "train"
+    assert (results["prompts"], results["num_generations"]) == (6, 4)
     for name in ("eval/reward", "eval/rewards/exact_match/pass@1", "eval/rewards/exact_match/pass@4",
                  "eval/completions/clipped_ratio"):
         assert 0.0 <= results[name] <= 3.0, name
-    assert "eval/rewards/exact_match/pass@4" in capsys.readouterr().out
+    assert not any(key.startswith("eval_") for key in results)  # one spelling of each figure
+    captured = capsys.readouterr()
+    assert f"{data} [train]: 6 prompts x 4 completions (num_generations_eval) = 24 samples" in captured.out
+    # A single file has no held-out split: scoring the training split is said loudly.
+    assert "WARNING: scoring 'train', the split this config trains on" in captured.err
+    assert "has no 'test' or 'validation' split" in captured.err
+    assert "eval (4 completions each)" in captured.err and "prompt/s" in captured.err  # the progress bar
+    printed = [line.split()[0] for line in captured.out.splitlines() if line.startswith("eval")]
+    assert "eval/rewards/exact_match/pass@4" in printed and "eval/reward" in printed
+    assert len(printed) == len(set(printed)) and not any(name.startswith("eval_") for name in printed)  # once each
     assert not (tmp_path / "out" / "metrics.jsonl").exists()  # nothing trained, nothing logged as training
+
+
+def test_rloo_eval_prefers_the_held_out_split_and_caps_the_prompts(tmp_path, make_model, tokenizer, capsys):
+    from rloo.cli import main
+
+    model_dir = _saved_model(tmp_path, make_model, tokenizer)
+    data = tmp_path / "data"
+    data.mkdir()
+    _rows(data / "train.jsonl", range(8))
+    _rows(data / "test.jsonl", range(20, 25))
+    main(["eval", "--model", str(model_dir), "--config", _eval_config(tmp_path, data), "--max_eval_samples", "3"])
+    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert (results["split"], results["prompts"]) == ("test", 3)
+    captured = capsys.readouterr()
+    assert f"{data} [test]: the first 3 of 5 prompts (max_eval_samples) x 4 completions" in captured.out
+    assert "WARNING" not in captured.err
+    main(["eval", "--model", str(model_dir), "--config", _eval_config(tmp_path, data), "--eval_split", "train"])
+    assert json.loads((tmp_path / "out" / "eval_results.json").read_text())["prompts"] == 8
+    assert "WARNING: scoring 'train'" in capsys.readouterr().err  # chosen, but still the training rows
+
+
+def test_max_eval_samples_must_keep_a_prompt(tmp_path):
+    from rloo.cli import parse_train_args
+
+    with pytest.raises(ConfigError, match="max_eval_samples must be at least 1"):
+        parse_train_args(["--max_eval_samples", "0"])
+
+
+def test_a_signal_during_rloo_eval_says_it_stopped_an_evaluation(tmp_path, make_model, tokenizer, capsys,
+                                                                 monkeypatch):
+    import os
+    import signal
+
+    from rloo.cli import main
+    from rloo.run import evaluation
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("the signal should have stopped the evaluation")
+
+    monkeypatch.setattr(evaluation, "evaluate", signalled)
+    model_dir = _saved_model(tmp_path, make_model, tokenizer)
+    data = tmp_path / "prompts.jsonl"
+    _rows(data, range(4))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--model", str(model_dir), "--config", _eval_config(tmp_path, data)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 143 and "Traceback" not in err
+    assert "stopped by SIGTERM during evaluation; no eval_results.json was written" in err
+    assert "training" not in err.splitlines()[-1]
+    assert not (tmp_path / "out" / "eval_results.json").exists()
 
 
 def test_eval_gives_reward_functions_trls_log_extra_and_log_metric(tmp_path, make_model, tokenizer, digit_dataset):

@@ -67,6 +67,19 @@ def test_report_page_reads_top_to_bottom(run_dir, tmp_path):
     assert "<th>vllm_gpu_memory_utilization</th>" not in config  # set, but vLLM did not run
 
 
+def test_report_counts_and_shows_the_eval_rloo_eval_wrote(run_dir):
+    pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install 'rloo[plots]')")
+    assert "2 evals during training." in build_report(run_dir).read_text()  # eval_steps=2 of 4 steps
+    (run_dir / "eval_results.json").write_text(json.dumps({
+        "model": "runs/x", "dataset": "data", "split": "test", "prompts": 64, "num_generations": 4,
+        "eval/reward": 0.4125, "eval/rewards/digits/pass@4": 0.75}))
+    page = build_report(run_dir).read_text()
+    assert "2 evals during training, and 1 by rloo eval (eval_results.json)." in page
+    section = page[page.index("<h2>rloo eval</h2>"):]
+    assert "model runs/x, dataset data, split test, prompts 64, num_generations 4" in section
+    assert "<th>eval/reward</th><td>0.4125</td>" in section and "<th>eval/rewards/digits/pass@4</th><td>0.75</td>" in section
+
+
 def test_report_without_run_json_says_so(run_dir):
     pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install 'rloo[plots]')")
     (run_dir / "run.json").unlink()

@@ -4,6 +4,7 @@ from TensorBoard event files, an offline W&B run and a local trackio project."""
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,20 @@ def test_tracker_config_keeps_scalars_and_serialises_the_rest():
         "a": 1, "b": None, "c": "[1, 2]", "d": '{"x": 1}', "e": "s"}
 
 
+def test_tensorboard_goes_where_transformers_puts_it_and_honours_its_environment_variable(tmp_path, monkeypatch):
+    from rloo.run.trackers import accelerate_log_with, tensorboard_dir
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    default = tensorboard_dir(tmp_path / "out")
+    assert default.parent == tmp_path / "out" / "runs" and default.name.endswith("_" + socket.gethostname())
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    assert tensorboard_dir(tmp_path / "out") == tmp_path / "tb"
+    if importlib.util.find_spec("tensorboard"):
+        (tracker,) = accelerate_log_with("tensorboard", tmp_path / "out")
+        assert Path(tracker.logging_dir_param) / tracker.run_name == tmp_path / "tb"
+    assert accelerate_log_with("none", tmp_path / "out") == []
+
+
 def test_markdown_table_escapes_pipes_and_newlines():
     text = markdown_table(["prompt", "score"], [["a|b\nc", 0.5]])
     assert text.splitlines() == ["| prompt | score |", "|---|---|", "| a\\|b<br>c | 0.5 |"]
@@ -73,19 +88,26 @@ def test_tensorboard_receives_metrics_and_the_completions_text(tmp_path, make_mo
     from rloo import RLOOTrainer
 
     monkeypatch.setenv("WANDB_PROJECT", "proj")
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     args = RLOOConfig(output_dir=str(tmp_path / "run"), report_to=["tensorboard"], per_device_train_batch_size=8,
                       num_generations=4, max_completion_length=6, max_steps=2, logging_steps=1, save_steps=0,
                       log_completions=True, num_completions_to_print=3)
     RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer).train()
-    event_dirs = {p.parent for p in (tmp_path / "run" / "proj").rglob("events.out.tfevents.*")}
-    assert event_dirs, "TensorBoard writes under output_dir/$WANDB_PROJECT"
+    (run_dir,) = (tmp_path / "run" / "runs").iterdir()  # TRL's place: output_dir/runs/<Mon DD_HH-MM-SS>_<host>
+    assert run_dir.name.endswith("_" + socket.gethostname()) and not (tmp_path / "run" / "proj").exists()
+    event_dirs = {p.parent for p in run_dir.rglob("events.out.tfevents.*")}
+    assert event_dirs
     scalars, texts = set(), {}
     for directory in event_dirs:
         events = EventAccumulator(str(directory), size_guidance={"tensors": 0}).Reload()
         scalars |= set(events.Tags()["scalars"])
         for tag in events.Tags()["tensors"]:
             texts[tag] = [e.tensor_proto.string_val[0].decode() for e in events.Tensors(tag)]
-    assert {"reward", "objective/kl", "loss/policy_avg", "rewards/digit_fraction/mean"} <= scalars
+    # TRL's layout: every training figure once, under "train/" and TRL 1.16's name.
+    assert {"train/reward", "train/kl", "train/loss", "train/learning_rate", "train/rewards/digit_fraction/mean",
+            "train/completions/mean_terminated_length", "train/clip_ratio/high_max", "train/step_time"} <= scalars
+    assert not {"reward", "kl", "objective/kl", "train/objective/kl", "train/lr", "train/loss/policy_avg",
+                "train/policy/clipfrac_avg", "train/objective/entropy", "train/policy/entropy_avg"} & scalars
     table = texts["completions/text_summary"]
     assert len(table) == 2  # one per logging step
     header = table[0].splitlines()[0]
@@ -115,7 +137,7 @@ def test_wandb_offline_receives_metrics_table_project_and_name(tmp_path):
     assert len(table["data"]) == 3
     # This wandb has no public reader for the offline record (its protobuf stream); the names must be in it.
     record = next(runs[0].glob("run-*.wandb")).read_bytes()
-    for name in (b"my-proj", b"my-run", b"objective/kl", b"loss/policy_avg", b"rewards/digit_fraction/mean"):
+    for name in (b"my-proj", b"my-run", b"train/kl", b"train/loss", b"train/rewards/digit_fraction/mean"):
         assert name in record, name
 
 
@@ -131,7 +153,7 @@ def test_trackio_local_receives_metrics_and_table(tmp_path):
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["runs"] == ["my-run"]
     keys = set().union(*(log.keys() for log in found["logs"]))
-    assert {"reward", "objective/kl", "completions"} <= keys
+    assert {"train/reward", "train/kl", "completions"} <= keys
     table = next(log["completions"] for log in found["logs"] if "completions" in log)
     assert "digit_fraction" in json.dumps(table) and "advantage" in json.dumps(table)
 
@@ -147,7 +169,7 @@ def test_mlflow_local_receives_metrics_and_the_completions_table(tmp_path):
     (run,) = [p.parent for p in store.glob("*/*/meta.yaml")]
     assert "name: my-proj" in (run.parent / "meta.yaml").read_text()
     assert (run / "tags" / "mlflow.runName").read_text() == "my-run"
-    assert {"reward", "objective"} <= {p.name for p in (run / "metrics").iterdir()}
+    assert (run / "metrics" / "train" / "reward").exists() and (run / "metrics" / "train" / "kl").exists()
     # One table artifact for the run; each logging step appends its rows.
     table = json.loads((run / "artifacts" / "completions.json").read_text())
     assert table["columns"] == COLUMNS
@@ -171,7 +193,7 @@ def test_comet_offline_receives_metrics_and_a_completions_table_per_step(tmp_pat
     assert sorted(uploads) == ["completions_step0000001.csv", "completions_step0000002.csv"]
     rows = list(csv.reader(io.StringIO(uploads["completions_step0000002.csv"])))
     assert rows[0] == COLUMNS and [row[0] for row in rows[1:]] == ["2", "2", "2"]
-    assert '"reward"' in json.dumps(messages) and "objective/kl" in json.dumps(messages)
+    assert '"train/reward"' in json.dumps(messages) and "train/kl" in json.dumps(messages)
 
 
 class _Recorder:

@@ -25,8 +25,8 @@ __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 
 def run_train(argv: Sequence[str]) -> None:
     from rloo import builders, model_loading
-    from rloo.data.loading import load_prompt_dataset
-    from rloo.run import run_dir
+    from rloo.data.loading import first_rows, load_prompt_dataset
+    from rloo.run import run_dir, trainer_api
     from rloo.trainer import RLOOTrainer
 
     script, config, resume = parse_train_args(argv)
@@ -38,8 +38,8 @@ def run_train(argv: Sequence[str]) -> None:
         run_dir.refuse_used_output_dir(config.output_dir)
     builders.check_model_name(script.model_name_or_path)
     train_dataset = load_prompt_dataset(script.dataset_name, script.dataset_split, script.dataset_config)
-    eval_dataset = (load_prompt_dataset(script.dataset_name, script.eval_split, script.dataset_config)
-                    if script.eval_split else None)
+    eval_dataset = (first_rows(load_prompt_dataset(script.dataset_name, script.eval_split, script.dataset_config),
+                               script.max_eval_samples) if script.eval_split else None)
     peft_config = trl_flags.lora_config(script, script.trl_flags) if script.use_peft else None
     from transformers import AutoTokenizer
 
@@ -62,6 +62,8 @@ def run_train(argv: Sequence[str]) -> None:
         status = 128 + getattr(signal.Signals, trainer.stopped_by, signal.SIGTERM)
         print(f"rloo: exit status {status}: the run is saved but not finished.", file=sys.stderr)
         raise SystemExit(status)
+    if not trainer_api.saves_final_model(config):  # as TRL's script: the CLI saves the model whatever save_strategy
+        trainer.save_model(config.output_dir)
     if trainer.accelerator.is_main_process:  # once, not once per process
         print(f"Saved the trained model to {config.output_dir}")
     if config.push_to_hub and trainer.accelerator.is_main_process:  # TRL's `--push_to_hub true`: push once trained
@@ -79,6 +81,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from rloo.run.checkpoint import CheckpointError
 
     return (ConfigError, CheckpointError, FileNotFoundError, RewardError, config_fields.TRLFieldError, LaunchError)
+
+
+# What a signal outside the training loop interrupted, by command.
+STOPPED = {"train": " before training began; nothing was saved.",
+           "demo": " before training began; nothing was saved.",
+           "eval": " during evaluation; no eval_results.json was written (--max_eval_samples N scores fewer prompts).",
+           "report": "; no report was written.",
+           "vllm-serve": "; the server has stopped."}
 
 
 class _Terminated(BaseException):
@@ -120,9 +130,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             traceback.print_exc()
         print(f"rloo: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (KeyboardInterrupt, _Terminated) as error:  # a signal while loading: nothing to save yet
+    except (KeyboardInterrupt, _Terminated) as error:  # a signal while loading (training handles its own)
         name = "SIGINT" if isinstance(error, KeyboardInterrupt) else "SIGTERM"
-        print(f"rloo: stopped by {name} before training began; nothing was saved.", file=sys.stderr)
+        print(f"rloo: stopped by {name}{STOPPED.get(argv[0], STOPPED['train'])}", file=sys.stderr)
         raise SystemExit(128 + signal.Signals[name]) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -5,53 +5,99 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from rloo.config import ConfigError
 
 
 def run_eval(argv: Sequence[str]) -> dict[str, float]:
-    """`rloo eval --model PATH --config run.yaml [flags]`: the eval metrics of a saved model or
-    checkpoint on the config's eval split (its train split when there is none)."""
+    """`rloo eval --model PATH --config run.yaml [flags]`: the eval metrics of a saved model or checkpoint on
+    the config's eval_split, else the data's held-out split ("test", else "validation"), else (with a
+    warning) its training split; max_eval_samples keeps the first N prompts. Says what it scores first."""
     from transformers import AutoTokenizer
 
     from rloo.cli.parser import parse_train_args
     from rloo.cli.rewards import resolve_reward_func
-    from rloo.data.loading import load_prompt_dataset
+    from rloo.data.loading import first_rows, held_out_split, load_prompt_dataset
     from rloo.run.metrics import format_value
     from rloo.trainer import RLOOTrainer
 
     parser = argparse.ArgumentParser(
         prog="rloo eval", allow_abbrev=False,
         description="Evaluate a saved model or checkpoint: eval/ metrics (reward, per-function rewards, lengths, "
-                    "truncation, pass@k) of num_generations_eval samples per prompt. Every other flag is "
-                    "rloo train's (rloo train --help); --model replaces model_name_or_path.")
+                    "truncation, pass@k) of num_generations_eval samples per prompt of the eval split: --eval_split, "
+                    "else the data's 'test' or 'validation' split, else its training split (with a warning). "
+                    "--max_eval_samples N scores the first N prompts. Every other flag is rloo train's "
+                    "(rloo train --help); --model replaces model_name_or_path.")
     parser.add_argument("--model", required=True, help="A directory written by save_model or a checkpoint-N.")
     options, rest = parser.parse_known_args(argv)
     script, config, _ = parse_train_args(rest)
     if not script.dataset_name or not script.reward_funcs:
         raise ConfigError("rloo eval needs --dataset_name and --reward_funcs (as flags or YAML keys).")
-    # Nothing is trained: no tracker run is opened and the run length is irrelevant.
+    # Nothing is trained: no tracker run is opened and the run length is irrelevant. (replace() rebuilds the
+    # config from its own fields; the TRL values it was given, such as per_device_eval_batch_size, are carried.)
+    trl_values = config.__dict__.get("_trl_values", {})
     config = dataclasses.replace(config, report_to="none", save_steps=0)
-    split = script.eval_split or script.dataset_split
+    config._trl_values = {**trl_values, **config.__dict__.get("_trl_values", {})}
+    split = script.eval_split or held_out_split(script.dataset_name, script.dataset_config, script.dataset_split) \
+        or script.dataset_split
     dataset = load_prompt_dataset(script.dataset_name, split, script.dataset_config)
+    rows = len(dataset)
+    dataset = first_rows(dataset, script.max_eval_samples)
+    num_generations = config.num_generations_eval or config.num_generations
+    if _is_main_process():  # before the model loads: what is about to be scored, and how much of it
+        _announce_eval(options.model, script, split, rows, len(dataset), num_generations)
     from rloo import builders, model_loading
 
     builders.check_model_name(options.model)
     tokenizer = model_loading.from_pretrained(AutoTokenizer.from_pretrained, options.model, "model")
     trainer = RLOOTrainer(model=options.model, args=config, processing_class=tokenizer,
                           reward_funcs=[resolve_reward_func(spec, tokenizer) for spec in script.reward_funcs],
-                          train_dataset=dataset, eval_dataset=dataset)
+                          train_dataset=_one_rollout_of(dataset, config), eval_dataset=dataset)
     metrics = trainer.evaluate()
     if trainer.accelerator.is_main_process:
-        for name, value in metrics.items():
+        # evaluate() returns each figure as "eval/x" and as transformers' "eval_x": one is shown and kept.
+        figures = {name: value for name, value in metrics.items() if name.startswith("eval/")}
+        for name, value in figures.items():
             print(f"{name:<40} {format_value(value)}")
         out = Path(config.output_dir) / "eval_results.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"model": options.model, "split": split, **metrics}, indent=2))
+        out.write_text(json.dumps({"model": options.model, "dataset": script.dataset_name, "split": split,
+                                   "prompts": len(dataset), "num_generations": num_generations, **figures}, indent=2))
         print(f"eval metrics of {options.model} on {script.dataset_name} [{split}] written to {out}")
     return metrics
+
+
+def _one_rollout_of(dataset: Any, config: Any) -> Any:
+    """The eval rows, repeated until they fill one rollout: RLOOTrainer needs a train_dataset that large,
+    though nothing trains (a few eval prompts would otherwise be refused as too small a training set)."""
+    import datasets
+
+    needed = config.prompts_per_rollout * int(os.environ.get("WORLD_SIZE", "1"))
+    copies = -(-needed // max(len(dataset), 1))
+    return dataset if copies <= 1 else datasets.concatenate_datasets([dataset] * copies)
+
+
+def _is_main_process() -> bool:
+    """Process 0 of a launch (or the only one), read before accelerate starts."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _announce_eval(model: str, script: Any, split: str, rows: int, kept: int, num_generations: int) -> None:
+    """One line saying what is scored (data, split, prompts, completions), and a warning when the split is
+    the one the config trains on."""
+    prompts = f"{kept:,} prompts" if kept == rows else f"the first {kept:,} of {rows:,} prompts (max_eval_samples)"
+    print(f"rloo eval: {model} on {script.dataset_name} [{split}]: {prompts} x {num_generations} completions "
+          f"(num_generations_eval) = {kept * num_generations:,} samples.", flush=True)
+    if split != script.dataset_split:
+        return
+    why = "" if script.eval_split else f", as {script.dataset_name} has no 'test' or 'validation' split"
+    print(f"rloo eval: WARNING: scoring '{split}', the split this config trains on (dataset_split){why}. If the "
+          f"model trained on these prompts, the scores overstate how it does on new ones: pass --eval_split with "
+          f"held-out prompts. --max_eval_samples N scores only the first N.", file=sys.stderr, flush=True)
 
 
 def run_report(argv: Sequence[str]) -> Path:

@@ -36,7 +36,10 @@ class TrainInputs:
     dataset_config: str | None = None
     """Dataset configuration name, for Hub datasets that have several."""
     eval_split: str | None = None
-    """Split scored as eval_dataset (eval/reward); none by default."""
+    """Split scored as eval_dataset (eval/reward); none by default. `rloo eval` without it scores the data's
+    held-out split ("test", else "validation"), and its training split only when the data has neither."""
+    max_eval_samples: int | None = None
+    """Score only the first this many prompts of the eval split (transformers' examples' name); None: all."""
     reward_funcs: list[str] = field(default_factory=list)
     """Reward functions, weighted by --reward_weights: built-in names (exact_match, math_accuracy,
     think_format, code_execution), built-in factories with arguments (length_penalty:target_length=128,
@@ -232,6 +235,9 @@ def parse_train_args(argv: Sequence[str]) -> tuple[TrainInputs, RLOOConfig, str 
     config_values = {k: v for k, v in values.items() if k not in script_names | trl_names}
     script.trainer_kwargs = trl_flags.apply(script.trl_flags, script, config_values)  # may add model_init_kwargs
     check_field_types(script)
+    if script.max_eval_samples is not None and script.max_eval_samples < 1:
+        raise ConfigError(f"max_eval_samples must be at least 1 (the eval prompts kept), got {script.max_eval_samples}; "
+                          f"leave it unset to evaluate every prompt.")
     config = RLOOConfig(**config_values)
     return script, config, resume
 

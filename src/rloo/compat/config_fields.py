@@ -319,7 +319,8 @@ TRL_FIELDS: dict[str, Answer] = {
     "metric_for_best_model": refused(None, "rloo keeps no best-model bookkeeping", "pick a checkpoint-N directory"),
     "greater_is_better": refused(None, "rloo keeps no best-model bookkeeping", "pick a checkpoint-N directory"),
     # --- saving and the Hub ---
-    "save_strategy": mapped("steps", "'steps' uses save_steps; 'no' sets save_steps=0", _save_strategy),
+    "save_strategy": mapped("steps", "'steps' uses save_steps; 'no' sets save_steps=0 and, as in TRL, train() writes no "
+                            "final model (save_model does)", _save_strategy),
     "save_only_model": not_yet(False, "model-only checkpoints", "trainer.save_model(path) for the weights alone"),
     "save_on_each_node": refused(False, "the main process writes checkpoints", "leave it False"),
     "enable_jit_checkpoint": refused(False, "checkpoints fall between rollouts only", "save_steps"),

@@ -2,9 +2,10 @@
 
 Metrics (prefix `eval/`, TRL's names where TRL has one): `reward`, `reward_std` (within a prompt's
 group), `rewards/{name}/mean` and `/std`, `completions/mean_length`, `/min_length`, `/max_length`,
-`completions/clipped_ratio` (truncated: no EOS or stop), and for rewards that are all 0 or 1 (correct
-or not) `pass@k` for k in 1, 2, 4, ... up to n = num_generations_eval, from the unbiased estimator
-of Chen et al. (2021): pass@k = 1 - C(n - c, k) / C(n, k) for c correct of n samples, averaged
+`completions/clipped_ratio` (truncated: no EOS or stop), `completions/mean_terminated_length`,
+`/min_terminated_length`, `/max_terminated_length` (of the completions that ended), and for
+rewards that are all 0 or 1 (correct or not) `pass@k` for k in 1, 2, 4, ... up to n = num_generations_eval,
+from the unbiased estimator of Chen et al. (2021): pass@k = 1 - C(n - c, k) / C(n, k) for c correct of n samples, averaged
 over prompts. `pass@k` is the weighted reward's; `rewards/{name}/pass@k` each binary function's.
 """
 
@@ -15,10 +16,12 @@ from typing import Any, Sequence
 
 import torch
 from accelerate.utils import gather_object
+from tqdm.auto import tqdm
 
 from rloo.data.schedule import select_rows
 from rloo.generation.base import SampledBatch
 from rloo.rewards.scoring import reward_function_metrics
+from rloo.run.metrics import length_metrics
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
@@ -83,10 +86,7 @@ def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequen
     metrics = {
         "reward": scores.mean().item(),
         "reward_std": (scores.std(dim=1) if n > 1 else torch.zeros(scores.shape[0])).mean().item(),
-        "completions/mean_length": lengths.float().mean().item(),
-        "completions/min_length": lengths.float().min().item(),
-        "completions/max_length": lengths.float().max().item(),
-        "completions/clipped_ratio": truncated.float().mean().item(),
+        **length_metrics(lengths.flatten(), truncated.flatten()),
     }
     per_name = reward_function_metrics(list(names), per_function.flatten(0, 1))  # mean and std of what each scored
     metrics.update({key: value for key, value in per_name.items() if key != "rewards/unscored_frac"})
@@ -126,12 +126,16 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": []}
     was_training = collector.model.training
     collector.model.eval()
+    # One tick per batch of prompts, on the main process; it counts every process's prompts.
+    progress = tqdm(total=len(dataset), unit="prompt", desc=f"eval ({num_generations} completions each)",
+                    disable=acc.process_index != 0, dynamic_ncols=True, leave=False)
     for start in range(0, per_process, prompts_per_batch):
         rows = select_rows(dataset, indices[start : start + prompts_per_batch])
         batch_size = min(prompts_per_batch, per_process - start)  # the same on every process
         filler = rows[-1:] or select_rows(dataset, [0])  # a copy of a row: no extra prompt padding
         sampled = collector.sample([row["prompt"] for row in rows + filler * (batch_size - len(rows))],
                                    num_generations)
+        progress.update(min(batch_size * acc.num_processes, len(dataset) - progress.n))
         if not rows:
             continue
         sampled = first_prompts(sampled, len(rows), num_generations)
@@ -141,6 +145,7 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
         parts["per_function"].append(scored.per_function.float().cpu().view(*shape, -1))
         parts["lengths"].append(sampled.completion_mask.sum(dim=1).cpu().view(shape))
         parts["truncated"].append((~sampled.has_eos).cpu().view(shape))
+    progress.close()
     collector.model.train(was_training)
     local = {key: torch.cat(values) for key, values in parts.items() if values}
     gathered = [part for part in gather_object([local]) if part]  # one dict per process

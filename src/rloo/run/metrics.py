@@ -200,6 +200,28 @@ def write_completions(path: str | Path, rows: list[dict[str, Any]]) -> None:
 # ------------------------------------------------------------------ names
 
 
+def length_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+    """TRL's completion-length metrics: mean, min and max length of every completion, the fraction
+    truncated (no EOS or stop), and mean, min and max length of those that ended (EOS or stop); when
+    none ended, those three are 0, as TRL logs them.
+
+    lengths: (B,) completion tokens; truncated: (B,) bool.
+    """
+    lengths = lengths.float()
+    terminated = lengths[~truncated]
+    if terminated.numel() == 0:  # TRL: "edge case where no terminated sequences are found"
+        terminated = lengths.new_zeros(1)
+    return {
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": truncated.float().mean().item(),
+        "completions/mean_terminated_length": terminated.mean().item(),
+        "completions/min_terminated_length": terminated.min().item(),
+        "completions/max_terminated_length": terminated.max().item(),
+    }
+
+
 def rollout_metrics(rollout: Any, accelerator: Accelerator, num_generations: int,
                     reward_names: Sequence[str]) -> dict[str, float]:
     """Metrics of a generated batch (a `rollout.Rollout`), gathered over processes."""
@@ -220,10 +242,7 @@ def rollout_metrics(rollout: Any, accelerator: Accelerator, num_generations: int
         "objective/kl": seq_kl.mean().item(),
         "objective/non_score_reward": (rewards - scores).mean().item(),  # the KL in the reward; 0 for kl_penalty="loss"
         "objective/rlhf_reward": rewards.mean().item(),
-        "completions/mean_length": lengths.mean().item(),
-        "completions/min_length": lengths.min().item(),
-        "completions/max_length": lengths.max().item(),
-        "completions/clipped_ratio": truncated.mean().item(),
+        **length_metrics(lengths, truncated.bool()),
         "val/num_eos_tokens": eos.sum().item(),
         "num_tokens": lengths.sum().item(),
         **reward_function_metrics(list(reward_names), accelerator.gather(rollout.reward_columns)),
@@ -261,12 +280,48 @@ def step_metrics(totals: dict[str, float], denominator: float, with_kl_loss: boo
     return metrics
 
 
+def completion_clip_extremes(clipped_low: torch.Tensor, clipped_high: torch.Tensor,
+                             units: torch.Tensor) -> tuple[float, float]:
+    """One process's micro-batch: the smallest low-clipped and the largest high-clipped fraction of a
+    completion's ratio units (TRL's `clip_ratio/low_min` and `/high_max` before the gather). With one
+    ratio per completion each fraction is 0 or 1; with per-token ratios it is the share of the
+    completion's tokens. A completion without units (not trained) is left out; NaN when none has any.
+
+    clipped_low, clipped_high: (b,) or (b, C) 0/1; units: the same shape, the ratio units (0/1).
+    """
+    if units.dim() == 1:
+        count, low, high = units, clipped_low * units, clipped_high * units
+    else:
+        count, low, high = units.sum(dim=1), (clipped_low * units).sum(dim=1), (clipped_high * units).sum(dim=1)
+    kept = count > 0
+    if not bool(kept.any()):
+        return float("nan"), float("nan")
+    return (low[kept] / count[kept]).min().item(), (high[kept] / count[kept]).max().item()
+
+
+def clip_extremes(per_micro_batch: torch.Tensor) -> dict[str, float]:
+    """TRL's `clip_ratio/low_min` and `clip_ratio/high_max` of an optimizer step: per micro-batch, the
+    min (max) over every process's completions, averaged over the step's micro-batches, as TRL
+    averages its per-micro-batch values over a logging window. Empty where no completion had units.
+
+    per_micro_batch: (P, M, 2) each process's `completion_clip_extremes` of its M micro-batches (NaN: none).
+    """
+    low, high = per_micro_batch[..., 0], per_micro_batch[..., 1]
+    low_min = torch.where(low.isnan(), torch.inf, low).min(dim=0).values  # (M,) NaN-skipping min over processes
+    high_max = torch.where(high.isnan(), -torch.inf, high).max(dim=0).values
+    present = ~low.isnan().all(dim=0)  # (M,) micro-batches with a value on some process
+    if not bool(present.any()):
+        return {}
+    return {"clip_ratio/low_min": low_min[present].mean().item(), "clip_ratio/high_max": high_max[present].mean().item()}
+
+
 # TRL 1.16's names for figures rloo logs under TRL v0's names (the same values, logged under both).
 TRL_TRAIN_ALIASES = {"kl": "objective/kl", "entropy": "policy/entropy_avg", "learning_rate": "lr",
                      "loss": "loss/policy_avg"}
-# What TRL 1.16 sends to TensorBoard / W&B with a "train/" prefix (eval keys already start with "eval/").
-TRL_TRAIN_NAMES = {*TRL_TRAIN_ALIASES, "reward", "reward_std", "frac_reward_zero_std", "num_tokens", "grad_norm"}
-TRL_TRAIN_PREFIXES = ("rewards/", "completions/", "clip_ratio/")
+# Other names of a value already logged under a TRL 1.16 name: metrics.jsonl keeps them, the trackers
+# chart the value once, under TRL's name.
+DUPLICATE_NAMES = {old: new for new, old in TRL_TRAIN_ALIASES.items()} | {"objective/entropy": "entropy",
+                                                                          "policy/clipfrac_avg": "clip_ratio/region_mean"}
 
 
 def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
@@ -275,13 +330,17 @@ def with_trl_names(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def tracker_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """What the trackers get: every metric as logged, plus "train/<name>" for TRL 1.16's training
-    names, as TRL's TensorBoard and W&B charts are keyed."""
-    train = {f"train/{k}": v for k, v in metrics.items()
-             if k in TRL_TRAIN_NAMES or k.startswith(TRL_TRAIN_PREFIXES)}
-    # evaluate() also returns transformers' "eval_reward" spelling of "eval/reward": one series is enough.
+    """What the trackers get, laid out as transformers' trackers lay out TRL's logs: a training figure
+    as "train/<name>" (`train/reward`, `train/kl`, `train/completions/mean_length`), an eval figure as
+    "eval/<name>"; each value once (not under its TRL v0 name too, nor as transformers' "eval_reward")."""
+    # evaluate() returns each eval figure as "eval/reward" and as transformers' "eval_reward".
     underscored = {"_".join(k.split("/", 1)) for k in metrics if k.startswith("eval") and "/" in k}
-    return {**{k: v for k, v in metrics.items() if k not in underscored}, **train}
+    charted: dict[str, float] = {}
+    for key, value in metrics.items():
+        if key in underscored or DUPLICATE_NAMES.get(key) in metrics:
+            continue
+        charted[key if key.startswith(("eval", "train/")) else f"train/{key}"] = value
+    return charted
 
 
 # ------------------------------------------------------------------ sinks

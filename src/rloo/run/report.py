@@ -251,6 +251,7 @@ pre {{ margin: 0; white-space: pre-wrap; max-width: 40em; }}
 <p>{summary}</p>
 <h2>Training</h2><div class="plots">{plots}</div>
 {flat}
+{standalone}
 <h2>Sample completions</h2>{completions}
 <h2>Config</h2><p>{config_note}</p><table>{config}</table>
 </body></html>
@@ -267,8 +268,9 @@ def build_report(run_dir: str | Path) -> Path:
     card = read_json(run_dir / "run.json")
     config = read_json(run_dir / "rloo_config.json") or card.get("config", {})
     last = train[-1] if train else {}
+    standalone = read_json(run_dir / "eval_results.json")  # written by `rloo eval`
     summary = (f"{len(train)} training logs, last at step {last.get('step', '-')} after "
-               f"{int(last.get('episode', 0))} episodes; {len(evals)} evals.")
+               f"{int(last.get('episode', 0))} episodes; {eval_count(len(evals), standalone)}.")
     panels, flat = draw_panels(train, evals)
     plots = "".join(f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{png}"></figure>'
                     for title, png in panels)
@@ -283,10 +285,28 @@ def build_report(run_dir: str | Path) -> Path:
                        config_note=html.escape(f"The core settings and those that differ from the defaults "
                                                f"({len(config) - len(shown)} more in rloo_config.json)."),
                        config=config_rows or "<tr><td>rloo_config.json not found</td></tr>",
+                       standalone=standalone_eval_html(standalone),
                        completions=completions_html(read_jsonl(run_dir / "completions.jsonl")))
     out = run_dir / "report.html"
     out.write_text(page)
     return out
+
+
+def eval_count(during_training: int, standalone: dict) -> str:
+    """How many evals a run holds: those logged while training, and `rloo eval`'s eval_results.json."""
+    text = f"{during_training} eval{'' if during_training == 1 else 's'} during training"
+    return text + (", and 1 by rloo eval (eval_results.json)" if standalone else "")
+
+
+def standalone_eval_html(results: dict) -> str:
+    """`rloo eval`'s eval_results.json as a table: what was scored, then each figure."""
+    if not results:
+        return ""
+    what = ", ".join(f"{key} {results[key]}" for key in ("model", "dataset", "split", "prompts", "num_generations")
+                     if key in results)
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
+                   f"</td></tr>" for k, v in results.items() if k.startswith("eval"))
+    return f"<h2>rloo eval</h2><p>{html.escape(what)}</p><table>{rows}</table>"
 
 
 def read_json(path: Path) -> dict:

@@ -4,7 +4,8 @@ the completions table reaches each.
 `report_to` is "none", "all" (every tracker accelerate supports that is installed), one name, or a
 list of names. The project is `WANDB_PROJECT` (default "rloo") for every tracker; `run_name` names
 the run where the tracker has runs (W&B, trackio, MLflow, ClearML, SwanLab, Aim). TensorBoard
-writes under `output_dir/<project>`.
+writes where transformers' TensorBoardCallback (and so TRL) does: `$TENSORBOARD_LOGGING_DIR` when set,
+else `output_dir/runs/<Mon DD_HH-MM-SS>_<host>`, so `tensorboard --logdir output_dir/runs` finds it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
+from datetime import datetime
+from pathlib import Path
 from typing import Any, Sequence
 
 # Every tracker accelerate 1.x supports, with the module that must be importable for it.
@@ -65,6 +69,27 @@ def resolve_report_to(report_to: str | Sequence[str] | None) -> list[str]:
         raise ValueError(f"report_to={report_to!r} asks for {missing}, which is not installed: "
                          f"pip install {' '.join(TRACKER_MODULES[m] for m in missing)}, or drop it from report_to.")
     return list(dict.fromkeys(names))  # in order, once each
+
+
+def tensorboard_dir(output_dir: str | Path) -> Path:
+    """Where a run's TensorBoard events go, as transformers 5's TensorBoardCallback picks it:
+    $TENSORBOARD_LOGGING_DIR, else output_dir/runs/<Mon DD_HH-MM-SS>_<host> (a new one per run)."""
+    given = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    if given:
+        return Path(given).expanduser()
+    return Path(output_dir) / "runs" / f"{datetime.now().strftime('%b%d_%H-%M-%S')}_{socket.gethostname()}"
+
+
+def accelerate_log_with(report_to: str | Sequence[str] | None, output_dir: str | Path) -> list[Any]:
+    """accelerate's `log_with` for `report_to`: the tracker names, TensorBoard's given as a tracker that
+    writes to `tensorboard_dir` (accelerate's own would write to output_dir/<project>)."""
+    names = resolve_report_to(report_to)
+    if "tensorboard" not in names:
+        return names
+    from accelerate.tracking import TensorBoardTracker
+
+    directory = tensorboard_dir(output_dir)
+    return [TensorBoardTracker(directory.name, directory.parent) if name == "tensorboard" else name for name in names]
 
 
 def project_name() -> str:

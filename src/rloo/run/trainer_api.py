@@ -345,6 +345,12 @@ class TrainerAPI:
                            self.args.hub_private_repo, revision or self.args.hub_revision, commit_message)
 
 
+def saves_final_model(args: Any) -> bool:
+    """Whether train() writes the final model into output_dir: yes, unless TRL's save_strategy="no" was
+    given (TRL's train() writes no weights then, and scripts call save_model); save_steps=0 alone keeps it."""
+    return getattr(args, "save_strategy", "steps") not in ("no", False)  # YAML reads a bare `no` as False
+
+
 def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any) -> Any:
     """The arguments RLOOTrainer cannot do without; returns the reward functions (given either way)."""
     if reward_funcs is not None and reward_model is not None:
