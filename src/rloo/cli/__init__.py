@@ -20,6 +20,7 @@ from rloo.cli.parser import parse_train_args
 from rloo.cli.rewards import resolve_reward_func
 from rloo.compat import config_fields, trl_flags
 from rloo.config import ConfigError
+from rloo.run.safe_text import visible
 
 __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 
@@ -118,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except _user_errors() as error:
         if debug:
             traceback.print_exc()
-        print(f"rloo: error: {error}", file=sys.stderr)
+        print(f"rloo: error: {visible(str(error), keep=chr(10))}", file=sys.stderr)  # may quote completions
         raise SystemExit(2) from None
     except (KeyboardInterrupt, _Terminated) as error:  # a signal while loading: nothing to save yet
         name = "SIGINT" if isinstance(error, KeyboardInterrupt) else "SIGTERM"

@@ -20,6 +20,7 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     from rloo.cli.rewards import resolve_reward_func
     from rloo.data.loading import load_prompt_dataset
     from rloo.run.metrics import format_value
+    from rloo.run.safe_text import visible
     from rloo.trainer import RLOOTrainer
 
     parser = argparse.ArgumentParser(
@@ -46,11 +47,11 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     metrics = trainer.evaluate()
     if trainer.accelerator.is_main_process:
         for name, value in metrics.items():
-            print(f"{name:<40} {format_value(value)}")
+            print(visible(f"{name:<40} {format_value(value)}"))  # names hold reward functions' names
         out = Path(config.output_dir) / "eval_results.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"model": options.model, "split": split, **metrics}, indent=2))
-        print(f"eval metrics of {options.model} on {script.dataset_name} [{split}] written to {out}")
+        print(visible(f"eval metrics of {options.model} on {script.dataset_name} [{split}] written to {out}"))
     return metrics
 
 
