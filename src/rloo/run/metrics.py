@@ -317,7 +317,8 @@ class MetricsLogger:
             for sink in self.sinks:
                 sink.log(metrics, step)
         if self.use_trackers:
-            self.accelerator.log(tracker_metrics(metrics), step=step)
+            # names hold reward functions' and log_metric's names: encodable, or a tracker's writer raises
+            self.accelerator.log({tracker_text(k): v for k, v in tracker_metrics(metrics).items()}, step=step)
         return metrics
 
     def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
