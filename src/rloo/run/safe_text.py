@@ -38,9 +38,7 @@ _PATTERNS: dict[str, re.Pattern[str]] = {}
 
 
 def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return repr(match.group())[1:-1]  # Python's escape of the one character: \x1b, \r, \u202e
 
 
 def _pattern(keep: str) -> re.Pattern[str]:
