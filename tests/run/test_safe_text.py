@@ -104,12 +104,12 @@ def write_lines(path, rows):
 
 def test_the_report_of_a_tampered_run_is_written_with_every_field_escaped(tmp_path):
     write_lines(tmp_path / "metrics.jsonl", [
-        {"step": 1, "episode": 8, "reward": 0.5, "rewards/<script>x$\\frac{/mean": 0.1, "rewards/ok/mean": 0.2},
+        {"step": 1, "episode": 8, "reward": 0.5, "rewards/<script>x$\\frac{$/mean": 0.1, "rewards/ok/mean": 0.2},
         {"step": 2, "episode": "<script>alert(1)</script>", "reward": "<b>x</b>", "lr": [1, 2]},  # values not numbers
         {"step": "<script>alert(2)</script>", "reward": 0.1},  # a step that is not an integer
         {"step": True, "reward": 0.3},
         "not json <script>", "[1, 2]",
-        {"step": 3, "episode": 24, "reward": 0.7, "rewards/<script>x$\\frac{/mean": 0.3, "rewards/ok/mean": 0.1},
+        {"step": 3, "episode": 24, "reward": 0.7, "rewards/<script>x$\\frac{$/mean": 0.3, "rewards/ok/mean": 0.1},
     ])
     write_lines(tmp_path / "completions.jsonl", [
         {"step": "<script>alert(3)</script>", "prompt": "p", "completion": "<script>alert(4)</script>\x1b[2J"},
@@ -129,7 +129,7 @@ def test_the_report_of_a_tampered_run_is_written_with_every_field_escaped(tmp_pa
     assert "2 training logs" in page  # steps 1 and 3; the rows with a string or a bool step are left out
     assert "Left out as damaged" in page and "4 from metrics.jsonl" in page and "1 from completions.jsonl" in page
     assert "step &lt;script&gt;alert(3)&lt;/script&gt;" in page and "user: &lt;i&gt;q&lt;/i&gt;" in page
-    assert "Reward function: &lt;script&gt;x$\\frac{" in page  # the panel of a reward named like a formula
+    assert "Reward function: &lt;script&gt;x$\\frac{$" in page  # the panel of a reward named like a formula
 
 
 def test_a_run_card_of_the_wrong_shape_reads_as_unknown():
