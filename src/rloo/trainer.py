@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -44,6 +45,7 @@ from rloo.run import checkpoint, evaluation, report, trainer_api
 from rloo.run.allocator import return_large_buffers_to_os
 from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics, with_trl_names
 from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, truncate_history
+from rloo.run.run_lock import lock_output_dir
 from rloo.run.safe_text import visible
 from rloo.update import Learner, mini_batches
 
@@ -94,6 +96,9 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         reward_funcs = trainer_api.check_arguments(reward_funcs, reward_model, train_dataset, sampler)
         self.args = args = args if args is not None else RLOOConfig()
         check_output_dir(args.output_dir)  # before anything loads
+        self._run_lock = lock_output_dir(args.output_dir)  # one run per folder (another process's run is refused)
+        if self._run_lock is not None:
+            weakref.finalize(self, self._run_lock.release)  # held while this trainer lives
         self.accelerator = acc = builders.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)

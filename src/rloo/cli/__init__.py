@@ -25,16 +25,27 @@ from rloo.run.safe_text import visible
 __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 
 def run_train(argv: Sequence[str]) -> None:
-    from rloo import builders, model_loading
-    from rloo.data.loading import load_prompt_dataset
-    from rloo.run import run_dir
-    from rloo.trainer import RLOOTrainer
+    from rloo.run import run_dir, run_lock
 
     script, config, resume = parse_train_args(argv)
     if not script.model_name_or_path or not script.dataset_name or not script.reward_funcs:
         raise ConfigError("rloo train needs --model_name_or_path, --dataset_name and --reward_funcs "
                           "(as flags or YAML keys).")
     run_dir.check_output_dir(config.output_dir)  # all before anything loads
+    lock = run_lock.lock_output_dir(config.output_dir)  # one run per folder: a second one is refused here
+    try:
+        _train(script, config, resume)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _train(script: Any, config: Any, resume: str | None) -> None:
+    from rloo import builders, model_loading
+    from rloo.data.loading import load_prompt_dataset
+    from rloo.run import run_dir
+    from rloo.trainer import RLOOTrainer
+
     if resume is None and not config.overwrite_output_dir:
         run_dir.refuse_used_output_dir(config.output_dir)
     builders.check_model_name(script.model_name_or_path)
