@@ -13,6 +13,7 @@ from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.config import ConfigError
 from rloo.run.checkpoint import CheckpointError, save_checkpoint
+from rloo.run.run_lock import LOCK_NAME
 
 
 def _config(path, **overrides):
@@ -100,11 +101,13 @@ def test_a_changed_learning_rate_on_resume_is_refused(tmp_path, make_model, toke
 def test_a_used_output_dir_is_refused_unless_resuming_or_overwriting(tmp_path, make_model, tokenizer, digit_dataset):
     run = tmp_path / "run"
     _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1)).train()
-    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    # the run's files (the lock file names whichever trainer of this process holds the folder now)
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file() and path.name != LOCK_NAME}
     refused = _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1))  # the trainer cannot know yet
     with pytest.raises(ConfigError, match="holds another run's files.*overwrite_output_dir"):
         refused.train()
-    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before  # nothing written
+    assert {path: path.read_bytes() for path in run.rglob("*")
+            if path.is_file() and path.name != LOCK_NAME} == before  # nothing written
     again = _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1, overwrite_output_dir=True))
     again.train()
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
