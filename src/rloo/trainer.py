@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 import uuid
-import weakref
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -96,9 +95,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         reward_funcs = trainer_api.check_arguments(reward_funcs, reward_model, train_dataset, sampler)
         self.args = args = args if args is not None else RLOOConfig()
         check_output_dir(args.output_dir)  # before anything loads
-        self._run_lock = lock_output_dir(args.output_dir)  # one run per folder (another process's run is refused)
-        if self._run_lock is not None:
-            weakref.finalize(self, self._run_lock.release)  # held while this trainer lives
+        lock_output_dir(args.output_dir, owner=self)  # one run per folder, held while this trainer lives
         self.accelerator = acc = builders.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)

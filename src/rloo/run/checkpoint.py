@@ -25,20 +25,17 @@ import hashlib
 import json
 import logging
 import os
-import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import RNG_STATE_NAME
-from accelerate.utils import load as accelerate_load
 
 from rloo.config import ConfigError, RLOOConfig
 from rloo.dist.sharding import any_process, full_state_dict, local_tensor, sharding_of
+from rloo.run.random_states import random_state_problem
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +283,7 @@ def load_checkpoint(accelerator: Accelerator, model: torch.nn.Module, path: Path
                               f"{resume_fix(path)}") from error
     finally:
         handle.remove()
-    problem = random_state_problem(path, accelerator.process_index)
+    problem = random_state_problem(path, ACCELERATE_STATE, accelerator.process_index)
     if any_process(accelerator, problem is not None):  # every process raises together, none waits forever
         raise CheckpointError(f"checkpoint {path}: {problem or 'the random state of another process was not restored'}; "
                               f"resuming would not be exact. {resume_fix(path)}")
@@ -311,30 +308,6 @@ def resume_fix(path: Path) -> str:
                 f"overwrite_output_dir=True).")
     return (f"Resume from the previous complete checkpoint: --resume_from_checkpoint {previous} "
             f"(trainer.train(resume_from_checkpoint={str(previous)!r})).")
-
-
-def random_state_problem(path: Path, process_index: int) -> str | None:
-    """Why this process's random state in the checkpoint was not restored, or None when it was:
-    accelerate skips a missing or unreadable random_states file with a log line, so the file is read
-    again here and compared with the generators' states after the load."""
-    file = path / ACCELERATE_STATE / f"{RNG_STATE_NAME}_{process_index}.pkl"
-    if not file.is_file():
-        return f"{file.relative_to(path)} is missing (the random state of process {process_index})"
-    try:
-        states = accelerate_load(file)
-        restored = (random.getstate() == states["random_state"]
-                    and torch.equal(torch.get_rng_state(), states["torch_manual_seed"])
-                    and _same_numpy_state(np.random.get_state(), states["numpy_random_seed"]))
-        if "torch_cuda_manual_seed" in states and torch.cuda.is_available():
-            restored = restored and all(torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(),
-                                                                          states["torch_cuda_manual_seed"]))
-    except Exception as error:  # any unpickling, type or key error: the file is not a random state
-        return f"{file.relative_to(path)} is unreadable ({type(error).__name__}: {error})"
-    return None if restored else f"the random state in {file.relative_to(path)} was not restored"
-
-
-def _same_numpy_state(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(a, b))
 
 
 def _verify_manifest(path: Path, state: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import time
+import weakref
 from pathlib import Path
 from typing import Mapping
 
@@ -72,14 +73,23 @@ class RunLock:
         self.fd = -1
 
 
-def lock_output_dir(output_dir: str | Path, env: Mapping[str, str] | None = None) -> RunLock | None:
+def lock_output_dir(output_dir: str | Path, env: Mapping[str, str] | None = None,
+                    owner: object | None = None) -> RunLock | None:
     """Take output_dir for this run, or raise ConfigError naming the run that holds it.
 
     Returns the lock (release it with `.release()`, or let the process end), or None on a rank other
     than 0 (rank 0 holds the lock for the whole launch). Creates output_dir when it does not exist.
+    With `owner` (a trainer), this use of the lock is released when the owner is garbage-collected.
     """
     if global_rank(env) != 0:
         return None
+    lock = _take(output_dir)
+    if owner is not None:
+        weakref.finalize(owner, lock.release)
+    return lock
+
+
+def _take(output_dir: str | Path) -> RunLock:
     directory = Path(output_dir).expanduser()
     directory.mkdir(parents=True, exist_ok=True)
     key = os.path.realpath(directory)
