@@ -44,6 +44,8 @@ from rloo.run import checkpoint, evaluation, report, trainer_api
 from rloo.run.allocator import return_large_buffers_to_os
 from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics, with_trl_names
 from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, truncate_history
+from rloo.run.run_lock import lock_output_dir
+from rloo.run.safe_text import visible
 from rloo.update import Learner, mini_batches
 
 
@@ -93,6 +95,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         reward_funcs = trainer_api.check_arguments(reward_funcs, reward_model, train_dataset, sampler)
         self.args = args = args if args is not None else RLOOConfig()
         check_output_dir(args.output_dir)  # before anything loads
+        lock_output_dir(args.output_dir, owner=self)  # one run per folder, held while this trainer lives
         self.accelerator = acc = builders.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
@@ -307,7 +310,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         state = checkpoint.load_checkpoint(acc, self.model, path, args)
         self.global_step, self.episode = state["global_step"], state["episode"]
         if acc.is_main_process:
-            tqdm.write(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps}).")
+            tqdm.write(visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
         self.run_id = state.get("run_id") or self.run_id
         if acc.is_main_process:
             truncate_history(args.output_dir, self.global_step)
@@ -330,9 +333,9 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                                               rollout_index, self.episode, self.run_id)
         self.stopped_by = signal_name or "a signal on another process"
         if self.accelerator.is_main_process:
-            tqdm.write(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
-                       f"checkpoint saved to {path}. Resume with the same command and "
-                       f"--resume_from_checkpoint latest (or trainer.train(resume_from_checkpoint='latest')).")
+            tqdm.write(visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
+                               f"checkpoint saved to {path}. Resume with the same command and "
+                               f"--resume_from_checkpoint latest (or trainer.train(resume_from_checkpoint='latest'))."))
 
     def _rows(self, rollout_index: int) -> list[dict[str, Any]]:
         """This process's dataset rows of rollout `rollout_index`."""

@@ -127,7 +127,8 @@ def test_a_signal_while_the_model_loads_stops_cleanly(tmp_path, model_dir, data_
     err = capsys.readouterr().err
     assert exit_info.value.code == status and "Traceback" not in err
     assert f"stopped by {signal.Signals(signum).name} before training began; nothing was saved" in err
-    assert not (tmp_path / "out").exists()
+    # nothing but the run's lock (run/run_lock.py), taken before anything loaded; it holds no data
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [".rloo.lock"]
 
 
 def test_a_used_output_dir_is_refused_before_loading(tmp_path, data_file, capsys, monkeypatch):

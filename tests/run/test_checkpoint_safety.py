@@ -13,6 +13,7 @@ from conftest import digit_fraction
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.config import ConfigError
 from rloo.run.checkpoint import CheckpointError, save_checkpoint
+from rloo.run.run_lock import LOCK_NAME
 
 
 def _config(path, **overrides):
@@ -100,11 +101,13 @@ def test_a_changed_learning_rate_on_resume_is_refused(tmp_path, make_model, toke
 def test_a_used_output_dir_is_refused_unless_resuming_or_overwriting(tmp_path, make_model, tokenizer, digit_dataset):
     run = tmp_path / "run"
     _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1)).train()
-    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    # the run's files (the lock file names whichever trainer of this process holds the folder now)
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file() and path.name != LOCK_NAME}
     refused = _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1))  # the trainer cannot know yet
     with pytest.raises(ConfigError, match="holds another run's files.*overwrite_output_dir"):
         refused.train()
-    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before  # nothing written
+    assert {path: path.read_bytes() for path in run.rglob("*")
+            if path.is_file() and path.name != LOCK_NAME} == before  # nothing written
     again = _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1, overwrite_output_dir=True))
     again.train()
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
@@ -173,3 +176,57 @@ def test_a_second_signal_exits_at_once(tmp_path):
     assert result.returncode == 128 + 2, result.stderr
     assert "first handled" in result.stdout and "not reached" not in result.stdout
     assert "second signal (SIGINT): exiting now" in result.stderr
+
+
+# ------------------------------------------------------------------ exact resume means exact
+
+
+def _tamper(checkpoint, damage):
+    """Damage one file of a checkpoint AND rewrite its manifest to match, as a save that never wrote the
+    file (or a foreign tool) would leave it: only the loading itself can then notice."""
+    from rloo.run.checkpoint import TRAINER_STATE, _manifest
+
+    state_dir = checkpoint / "accelerate_state"
+    rng = state_dir / "random_states_0.pkl"
+    if damage == "rng missing":
+        rng.unlink()
+    elif damage == "rng garbage":
+        rng.write_bytes(b"\x80\x04not a pickle at all")
+    elif damage == "rng wrong content":
+        torch.save({"step": 0}, rng)
+    elif damage == "optimizer missing":
+        (state_dir / "optimizer.bin").unlink()
+    elif damage == "weights garbage":
+        (checkpoint / "model.safetensors").write_bytes(b"garbage")
+    state = json.loads((checkpoint / TRAINER_STATE).read_text())
+    state["manifest"] = _manifest(checkpoint)
+    state["manifest"].pop(TRAINER_STATE, None)
+    (checkpoint / TRAINER_STATE).write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("damage, named", [
+    ("rng missing", r"accelerate_state/random_states_0\.pkl is missing"),
+    ("rng garbage", r"accelerate_state/random_states_0\.pkl is unreadable"),
+    ("rng wrong content", r"accelerate_state/random_states_0\.pkl is unreadable \(KeyError"),
+    ("optimizer missing", r"optimizer\.bin"),
+    ("weights garbage", r"model\.safetensors is unreadable"),
+])
+def test_a_checkpoint_file_that_cannot_be_restored_is_an_error_naming_it_and_the_previous_checkpoint(
+        tmp_path, make_model, tokenizer, digit_dataset, damage, named):
+    run = tmp_path / "run"
+    _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=2)).train()
+    _tamper(run / "checkpoint-2", damage)
+    resumed = _trainer(make_model, tokenizer, digit_dataset, _config(tmp_path / "b", max_steps=3))
+    with pytest.raises(CheckpointError, match=named) as error:
+        resumed.train(resume_from_checkpoint=str(run / "checkpoint-2"))
+    assert f"--resume_from_checkpoint {run / 'checkpoint-1'}" in str(error.value)
+    assert "resuming would not be exact" in str(error.value) or "rng" not in damage
+
+
+def test_with_no_earlier_checkpoint_the_fix_is_a_new_run(tmp_path, make_model, tokenizer, digit_dataset):
+    run = tmp_path / "run"
+    _trainer(make_model, tokenizer, digit_dataset, _config(run, max_steps=1)).train()
+    (run / "checkpoint-1" / "accelerate_state" / "random_states_0.pkl").unlink()  # the manifest catches this one
+    resumed = _trainer(make_model, tokenizer, digit_dataset, _config(tmp_path / "b"))
+    with pytest.raises(CheckpointError, match="random_states_0.pkl is missing.*holds no earlier complete checkpoint"):
+        resumed.train(resume_from_checkpoint=str(run / "checkpoint-1"))

@@ -20,13 +20,14 @@ from rloo.cli.parser import parse_train_args
 from rloo.cli.rewards import resolve_reward_func
 from rloo.compat import config_fields, trl_flags
 from rloo.config import ConfigError
+from rloo.run.safe_text import visible
 
 __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 
 def run_train(argv: Sequence[str]) -> None:
     from rloo import builders, model_loading
     from rloo.data.loading import first_rows, load_prompt_dataset
-    from rloo.run import run_dir, trainer_api
+    from rloo.run import run_dir, run_lock, trainer_api
     from rloo.trainer import RLOOTrainer
 
     script, config, resume = parse_train_args(argv)
@@ -34,6 +35,20 @@ def run_train(argv: Sequence[str]) -> None:
         raise ConfigError("rloo train needs --model_name_or_path, --dataset_name and --reward_funcs "
                           "(as flags or YAML keys).")
     run_dir.check_output_dir(config.output_dir)  # all before anything loads
+    lock = run_lock.lock_output_dir(config.output_dir)  # one run per folder: a second one is refused here
+    try:
+        _train(script, config, resume)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _train(script: Any, config: Any, resume: str | None) -> None:
+    from rloo import builders, model_loading
+    from rloo.data.loading import load_prompt_dataset
+    from rloo.run import run_dir
+    from rloo.trainer import RLOOTrainer
+
     if resume is None and not config.overwrite_output_dir:
         run_dir.refuse_used_output_dir(config.output_dir)
     builders.check_model_name(script.model_name_or_path)
@@ -128,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except _user_errors() as error:
         if debug:
             traceback.print_exc()
-        print(f"rloo: error: {error}", file=sys.stderr)
+        print(f"rloo: error: {visible(str(error), keep=chr(10))}", file=sys.stderr)  # may quote completions
         raise SystemExit(2) from None
     except (KeyboardInterrupt, _Terminated) as error:  # a signal while loading (training handles its own)
         name = "SIGINT" if isinstance(error, KeyboardInterrupt) else "SIGTERM"

@@ -23,6 +23,7 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     from rloo.cli.rewards import resolve_reward_func
     from rloo.data.loading import first_rows, held_out_split, load_prompt_dataset
     from rloo.run.metrics import format_value
+    from rloo.run.safe_text import visible
     from rloo.trainer import RLOOTrainer
 
     parser = argparse.ArgumentParser(
@@ -62,12 +63,12 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
         # evaluate() returns each figure as "eval/x" and as transformers' "eval_x": one is shown and kept.
         figures = {name: value for name, value in metrics.items() if name.startswith("eval/")}
         for name, value in figures.items():
-            print(f"{name:<40} {format_value(value)}")
+            print(visible(f"{name:<40} {format_value(value)}"))  # names hold reward functions' names
         out = Path(config.output_dir) / "eval_results.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"model": options.model, "dataset": script.dataset_name, "split": split,
                                    "prompts": len(dataset), "num_generations": num_generations, **figures}, indent=2))
-        print(f"eval metrics of {options.model} on {script.dataset_name} [{split}] written to {out}")
+        print(visible(f"eval metrics of {options.model} on {script.dataset_name} [{split}] written to {out}"))
     return metrics
 
 

@@ -26,6 +26,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from rloo.run.safe_text import visible
+
 RewardFunc = Callable[..., Sequence[float | None]]
 
 # Arguments the trainer supplies besides the dataset's columns.
@@ -279,7 +281,7 @@ def _scored_alone(fn: RewardFunction, arguments: dict[str, Any], step: int, erro
         values.append(value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value)
     errors[fn.name] = raised
     logger.warning("reward function `%s` raised %s: %s at step %d; the %d of %d completions it raises on are scored "
-                   "None (reward_error_policy='none').", fn.name, type(error).__name__, error, step,
+                   "None (reward_error_policy='none').", visible(fn.name), type(error).__name__, visible(error), step,
                    errors[fn.name], num_completions)
     return values
 
@@ -290,7 +292,7 @@ def _none_for_all(fn: RewardFunction, arguments: dict[str, Any], step: int, erro
     num_completions = len(arguments.get("completions", []))
     errors[fn.name] = num_completions
     logger.warning("reward function `%s` raised %s: %s at step %d; its %d completions are scored None "
-                   "(reward_error_policy='none').", fn.name, type(error).__name__, error, step, num_completions)
+                   "(reward_error_policy='none').", visible(fn.name), type(error).__name__, visible(error), step, num_completions)
     return [None] * num_completions
 
 
@@ -369,7 +371,7 @@ def shorten(text: Any, limit: int = 200) -> str:
     """`text` as one line of at most about `limit` characters, keeping its start and end."""
     if isinstance(text, list):  # conversational: the messages' contents
         text = " | ".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in text if isinstance(m, dict))
-    text = " ".join(str(text).split())
+    text = visible(" ".join(str(text).split()))  # untrusted: printed in messages and log lines
     if len(text) <= limit:
         return text
     half = (limit - 5) // 2

@@ -13,6 +13,10 @@ Atomicity: everything is written into `output_dir/.checkpoint-<step>.tmp/`, flus
 moment leaves either a complete checkpoint or a hidden temporary directory that is never read and
 is deleted by the next save. A `checkpoint-<n>` directory is complete when its trainer_state.json
 parses and names step n; resuming also checks the manifest, so a damaged file fails loudly.
+
+Exact resume means exact: a file that is missing, damaged or unreadable, the random states
+included (accelerate would skip those with a log line), is a CheckpointError naming the file, with
+the fix: resume from the previous complete checkpoint, named when there is one.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from accelerate import Accelerator
 
 from rloo.config import ConfigError, RLOOConfig
 from rloo.dist.sharding import any_process, full_state_dict, local_tensor, sharding_of
+from rloo.run.random_states import random_state_problem
 
 logger = logging.getLogger(__name__)
 
@@ -272,10 +277,37 @@ def load_checkpoint(accelerator: Accelerator, model: torch.nn.Module, path: Path
     handle = accelerator.register_load_state_pre_hook(_skip_model_loading)
     try:
         accelerator.load_state(str(path / ACCELERATE_STATE))
+    except Exception as error:  # a file the manifest does not list (a tampered or foreign checkpoint)
+        named = getattr(error, "filename", None) or f"{path / ACCELERATE_STATE}"
+        raise CheckpointError(f"checkpoint {path} could not be loaded: {named}: {type(error).__name__}: {error}. "
+                              f"{resume_fix(path)}") from error
     finally:
         handle.remove()
+    problem = random_state_problem(path, ACCELERATE_STATE, accelerator.process_index)
+    if any_process(accelerator, problem is not None):  # every process raises together, none waits forever
+        raise CheckpointError(f"checkpoint {path}: {problem or 'the random state of another process was not restored'}; "
+                              f"resuming would not be exact. {resume_fix(path)}")
     logger.info("Resumed from %s at step %d.", path, state["global_step"])
     return state
+
+
+def previous_checkpoint(path: Path) -> Path | None:
+    """The newest complete checkpoint of the same folder before `path`'s step (None when there is none)."""
+    match = CHECKPOINT_NAME.match(path.name)
+    step = int(match.group(1)) if match else None
+    earlier = [p for p in complete_checkpoints(path.parent)
+               if step is None or int(CHECKPOINT_NAME.match(p.name).group(1)) < step]
+    return earlier[-1] if earlier else None
+
+
+def resume_fix(path: Path) -> str:
+    """What to do about a checkpoint that cannot be resumed exactly: the previous complete one, by name."""
+    previous = previous_checkpoint(path)
+    if previous is None:
+        return (f"{path.parent} holds no earlier complete checkpoint: start a new run (another output_dir, or "
+                f"overwrite_output_dir=True).")
+    return (f"Resume from the previous complete checkpoint: --resume_from_checkpoint {previous} "
+            f"(trainer.train(resume_from_checkpoint={str(previous)!r})).")
 
 
 def _verify_manifest(path: Path, state: dict[str, Any]) -> None:
@@ -285,11 +317,10 @@ def _verify_manifest(path: Path, state: dict[str, Any]) -> None:
     for name, (size, digest) in manifest.items():
         file = path / name
         if not file.is_file():
-            raise CheckpointError(f"checkpoint {path} is damaged: {name} is missing. Resume from another "
-                                  f"checkpoint (or 'latest', which skips damaged saves only when they are incomplete).")
+            raise CheckpointError(f"checkpoint {path} is damaged: {name} is missing. {resume_fix(path)}")
         if file.stat().st_size != size or _sha256(file) != digest:
             raise CheckpointError(f"checkpoint {path} is damaged: {name} differs from what was saved. "
-                                  f"Resume from another checkpoint.")
+                                  f"{resume_fix(path)}")
 
 
 def _check_saved_config(path: Path, args: RLOOConfig) -> None:
@@ -321,7 +352,12 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
     if (path / "adapter_model.safetensors").is_file():
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
+        try:
+            adapters = load_file(str(path / "adapter_model.safetensors"))
+        except Exception as error:  # safetensors' own error type
+            raise CheckpointError(f"checkpoint {path}: adapter_model.safetensors is unreadable ({type(error).__name__}: "
+                                  f"{error}). {resume_fix(path)}") from error
+        result = set_peft_model_state_dict(model, adapters)
         if getattr(result, "unexpected_keys", None):
             raise CheckpointError(f"{path}: adapter weights do not match this model: {result.unexpected_keys[:3]}.")
         return
@@ -330,7 +366,11 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
         raise CheckpointError(f"{path} holds no model weights (model*.safetensors or adapter_model.safetensors).")
     weights: dict[str, torch.Tensor] = {}
     for file in files:
-        weights.update(load_file(str(file)))
+        try:
+            weights.update(load_file(str(file)))
+        except Exception as error:  # safetensors' own error type: a damaged file the manifest did not catch
+            raise CheckpointError(f"checkpoint {path}: {file.name} is unreadable ({type(error).__name__}: {error}). "
+                                  f"{resume_fix(path)}") from error
     own = model.state_dict()
     different = [f"{name}: saved {tuple(tensor.shape)}, model {tuple(own[name].shape)}"
                  for name, tensor in weights.items() if name in own and own[name].shape != tensor.shape]

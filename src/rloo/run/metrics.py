@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from rloo.algo.importance import mismatch_metrics
 from rloo.rewards.scoring import reward_function_metrics
+from rloo.run.safe_text import console_text, display, tracker_text, visible
 from rloo.run.trackers import init_kwargs, log_table, project_name, resolve_report_to, tracker_config
 
 
@@ -59,7 +60,7 @@ def strict_json(row: dict[str, Any], where: str) -> str:
     problems: list[str] = []
     cleaned = _finite_or_none(row, "", problems)
     if problems:
-        tqdm.write(f"rloo: {where}: non-finite value(s) written as null: {', '.join(problems[:8])}")
+        tqdm.write(visible(f"rloo: {where}: non-finite value(s) written as null: {', '.join(problems[:8])}"))
     return json.dumps(cleaned, allow_nan=False, default=str)
 
 
@@ -146,12 +147,12 @@ def format_value(value: Any) -> str:
 
 
 def metrics_table(metrics: dict[str, float], step: int) -> Table:
-    """One row of the key metrics at `step`, as a rich table."""
+    """One row of the key metrics at `step`, as a rich table (names are untrusted text: reward functions')."""
     table = Table(title=None, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     columns = {"step": step, **console_columns(metrics)}
     for name in columns:
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_row(*(format_value(value) for value in columns.values()))
+        table.add_column(console_text(name, keep=""), justify="right", no_wrap=True)
+    table.add_row(*(console_text(format_value(value), keep="") for value in columns.values()))
     return table
 
 
@@ -163,15 +164,17 @@ def render(renderable: Any, width: int = 120) -> str:
 
 
 def completions_table(rows: Sequence[dict[str, Any]], step: int, max_rows: int) -> Table:
-    """A rich table of sample completions, like TRL's: prompt, completion, every score column, advantage."""
+    """A rich table of sample completions, like TRL's: prompt (a chat prompt as its turns), completion,
+    every score column, advantage. Every cell and column name is untrusted text, shown through
+    `safe_text.console_text`: no markup is read and control characters are shown as escapes."""
     table = Table(title=f"Sample completions at step {step}", show_lines=True)
     columns = [key for key in (rows[0] if rows else {}) if key != "step"]
     for key in columns:
         text = key in ("prompt", "completion")
-        table.add_column(key, overflow="fold", max_width=48 if text else max(len(key), 9),
+        table.add_column(console_text(key, keep=""), overflow="fold", max_width=48 if text else max(len(key), 9),
                          justify="left" if text else "right")
     for row in list(rows)[:max_rows]:
-        table.add_row(*(format_value(row[key]) if key != "advantage" else f"{row[key]:+.4g}" for key in columns))
+        table.add_row(*(console_text(row.get(key)) if key != "advantage" else f"{row[key]:+.4g}" for key in columns))
     return table
 
 
@@ -373,7 +376,8 @@ class MetricsLogger:
             for sink in self.sinks:
                 sink.log(metrics, step)
         if self.use_trackers:
-            self.accelerator.log(tracker_metrics(metrics), step=step)
+            # names hold reward functions' and log_metric's names: encodable, or a tracker's writer raises
+            self.accelerator.log({tracker_text(k): v for k, v in tracker_metrics(metrics).items()}, step=step)
         return metrics
 
     def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
@@ -381,11 +385,13 @@ class MetricsLogger:
         "completions" table to the trackers that take tables (text to TensorBoard)."""
         if not self.accelerator.is_main_process or not rows:
             return
+        write_completions(self.output_dir / "completions.jsonl", rows)  # first: the file holds the rows whatever happens
         if self.console:
             tqdm.write(render(completions_table(rows, step, len(rows))))
-        write_completions(self.output_dir / "completions.jsonl", rows)
-        columns = list(rows[0])
-        table = [[row[key] if isinstance(row[key], (int, float, type(None))) else str(row[key]) for key in columns]
-                 for row in rows]
+        columns = [tracker_text(key) for key in rows[0]]
+        # The trackers get the raw text (they render and sanitise it themselves), a chat prompt as its
+        # turns, encodable (no lone surrogates).
+        table = [[row.get(key) if isinstance(row.get(key), (int, float, type(None))) else tracker_text(display(row.get(key)))
+                  for key in rows[0]] for row in rows]
         for tracker in self.accelerator.trackers if self.use_trackers else []:
             log_table(tracker, "completions", columns, table, step)

@@ -9,6 +9,12 @@ never flattens the reward's axis. A panel whose every value is the same (KL at b
 fractions with one pass per batch) is left out and named in one line. Then the sample completions
 by step, and the settings that differ from the defaults. The plots are PNGs inlined as base64, so the
 page is one file that opens anywhere, offline.
+
+Every file it reads may be damaged or tampered with, and every text in them is untrusted: a line
+that is not a JSON object is left out, a record whose step is not an integer is left out, a metric
+value that is not a finite number is dropped (the page says how many), and every text field is
+shown through `safe_text` (control characters visible, HTML-escaped; `$` escaped for matplotlib,
+which would read it as math).
 """
 
 from __future__ import annotations
@@ -17,9 +23,12 @@ import base64
 import html
 import io
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from rloo.run.safe_text import html_text, visible
 
 # (title, [(metric, label)], band): band is (metric of the spread, "std") or (low, high) metrics.
 PANELS: list[tuple[str, list[tuple[str, str]], tuple[str, str] | None]] = [
@@ -64,18 +73,35 @@ def write_run_card(output_dir: str | Path, card: dict) -> None:
     (Path(output_dir) / "run.json").write_text(json.dumps(card, indent=2, default=str))
 
 
+def _number(value: Any) -> bool:
+    """A finite int or float (not a bool, not a string): what a tampered file cannot pass off as one."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
 def describe_run(card: dict) -> list[str]:
-    """Lines naming the model, dataset and reward functions of a run.json (empty without one)."""
+    """Lines naming the model, dataset and reward functions of a run.json (empty without one); a
+    field of the wrong type (a damaged or tampered file) reads as unknown."""
+    card = _dict(card)
     if not card:
         return []
-    model, data = card.get("model", {}), card.get("dataset", {})
+    model, data = _dict(card.get("model")), _dict(card.get("dataset"))
     name = model.get("name_or_path") or "a model built in memory"
-    lines = [f"Model: {name} ({model.get('class')}, {model.get('parameters', 0):,} parameters)"]
+    parameters = f"{model['parameters']:,}" if _number(model.get("parameters")) else "?"
+    lines = [f"Model: {name} ({model.get('class')}, {parameters} parameters)"]
     where = ", ".join(f"{k} {data[k]}" for k in ("config", "split") if data.get(k))
     lines.append(f"Dataset: {data.get('name') or 'an in-memory dataset'}{f' ({where})' if where else ''}, "
-                 f"{data.get('rows')} rows, columns {', '.join(data.get('columns', []))}")
-    rewards = [f"{r['name']}" + (f" (weight {r['weight']:g})" if r.get("weight", 1.0) != 1.0 else "")
-               for r in card.get("reward_functions", [])]
+                 f"{data.get('rows')} rows, columns {', '.join(map(str, _list(data.get('columns'))))}")
+    functions = [_dict(r) for r in _list(card.get("reward_functions"))]
+    rewards = [f"{r.get('name', '?')}" + (f" (weight {r['weight']:g})" if _number(r.get("weight")) and r["weight"] != 1.0
+                                          else "") for r in functions]
     lines.append(f"Reward functions: {', '.join(rewards) or '-'}")
     return lines
 
@@ -95,10 +121,36 @@ def config_defaults() -> dict:
     return json.loads(json.dumps(RLOOConfig(output_dir="unused").to_dict(), default=str))
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file, one a line; a line that is not one (cut by a kill, damaged) is
+    left out and, given `skipped`, counted there by the file's name."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            row = False
+        if isinstance(row, dict):
+            rows.append(row)
+        elif row is not None and skipped is not None:
+            skipped.append(path.name)
+    return rows
+
+
+def metric_records(rows: list[dict[str, Any]], skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """metrics.jsonl rows as records the plots can take: the step an int, every other value a finite
+    number (others are dropped; a row without an int step is left out and counted in `skipped`)."""
+    records = []
+    for row in rows:
+        step = row.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            if skipped is not None:
+                skipped.append("metrics.jsonl")
+            continue
+        records.append({"step": step, **{str(k): v for k, v in row.items() if k != "step" and _number(v)}})
+    return records
 
 
 def split_records(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -129,6 +181,12 @@ def _band(rows: list[dict[str, Any]], y: list[float], band: tuple[str, str] | No
     return None
 
 
+def plot_text(text: str) -> str:
+    """A title or label for matplotlib: control characters visible, `$` escaped (unescaped, matplotlib
+    reads the text between two of them as math, and a malformed formula stops the drawing)."""
+    return visible(text).replace("$", r"\$")
+
+
 def _panel(plt: Any, title: str, records: list[dict[str, Any]], series: list[tuple[str, str]],
            band: tuple[str, str] | None = None, legend_size: int | None = None) -> str:
     """One plot of `series` (metric, label) against episodes, as base64 PNG; a legend when
@@ -137,11 +195,11 @@ def _panel(plt: Any, title: str, records: list[dict[str, Any]], series: list[tup
     for index, (key, label) in enumerate(series):
         rows = [r for r in records if key in r]
         x, y = [r["episode"] for r in rows], [r[key] for r in rows]
-        axis.plot(x, y, marker="o", markersize=2, label=label)
+        axis.plot(x, y, marker="o", markersize=2, label=plot_text(label))
         low_high = _band(rows, y, band) if index == 0 else None
         if low_high:
             axis.fill_between(x, *low_high, alpha=0.25)
-    axis.set(title=title, xlabel="episodes")
+    axis.set(title=plot_text(title), xlabel="episodes")
     axis.grid(alpha=0.3)
     if legend_size:
         axis.legend(fontsize=legend_size)
@@ -218,22 +276,24 @@ def draw_panels(train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> tup
 
 
 def completions_html(rows: list[dict[str, Any]], per_step: int = 8) -> str:
-    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    """The sample completions by step: every cell and name through `safe_text.html_text` (a chat
+    prompt as its turns); rows whose step is not an integer come last, under the step they name."""
+    by_step: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        by_step[row.get("step", 0)].append(row)
+        step = row.get("step", 0)
+        by_step[step if isinstance(step, int) and not isinstance(step, bool) else visible(step)].append(row)
     parts = []
-    for step in sorted(by_step):
+    for step in sorted(by_step, key=lambda s: (isinstance(s, str), s if isinstance(s, int) else 0, str(s))):
         columns = list(by_step[step][0])
-        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns if c != "step")
+        head = "".join(f"<th>{html_text(c)}</th>" for c in columns if c != "step")
         body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in columns if c != "step") + "</tr>"
                        for r in by_step[step][:per_step])
-        parts.append(f"<h3>step {step}</h3><table><tr>{head}</tr>{body}</table>")
+        parts.append(f"<h3>step {html.escape(str(step))}</h3><table><tr>{head}</tr>{body}</table>")
     return "".join(parts) or "<p>No completions were logged (log_completions=False).</p>"
 
 
 def _cell(value: Any) -> str:
-    text = f"{value:.4g}" if isinstance(value, float) else str(value)
-    return f"<pre>{html.escape(text)}</pre>"
+    return f"<pre>{html_text(value)}</pre>"
 
 
 PAGE = """<!DOCTYPE html>
@@ -261,34 +321,39 @@ pre {{ margin: 0; white-space: pre-wrap; max-width: 40em; }}
 def build_report(run_dir: str | Path) -> Path:
     """Write `run_dir/report.html` from the run's files and return its path."""
     run_dir = Path(run_dir)
-    records = read_jsonl(run_dir / "metrics.jsonl")
+    skipped: list[str] = []  # a name per line or file left out as damaged
+    records = metric_records(read_jsonl(run_dir / "metrics.jsonl", skipped), skipped)
     if not records:
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: is {run_dir} an rloo output_dir?")
     train, evals = split_records(records)
-    card = read_json(run_dir / "run.json")
-    config = read_json(run_dir / "rloo_config.json") or card.get("config", {})
+    card = read_json(run_dir / "run.json", skipped)
+    config = read_json(run_dir / "rloo_config.json", skipped) or _dict(card.get("config"))
+    completions = read_jsonl(run_dir / "completions.jsonl", skipped)
     last = train[-1] if train else {}
-    standalone = read_json(run_dir / "eval_results.json")  # written by `rloo eval`
+    standalone = read_json(run_dir / "eval_results.json", skipped)  # written by `rloo eval`
     summary = (f"{len(train)} training logs, last at step {last.get('step', '-')} after "
                f"{int(last.get('episode', 0))} episodes; {eval_count(len(evals), standalone)}.")
+    if skipped:
+        counts = ", ".join(f"{skipped.count(name)} from {name}" for name in dict.fromkeys(skipped))
+        summary += f" Left out as damaged (not a JSON object, or a step that is not an integer): {counts}."
     panels, flat = draw_panels(train, evals)
-    plots = "".join(f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{png}"></figure>'
+    plots = "".join(f'<figure><img alt="{html_text(title)}" src="data:image/png;base64,{png}"></figure>'
                     for title, png in panels)
     shown = used_settings(config, config_defaults())
-    config_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v, default=str))}</td></tr>"
+    config_rows = "".join(f"<tr><th>{html_text(k)}</th><td>{html_text(json.dumps(v, default=str))}</td></tr>"
                           for k, v in shown.items())
     run_lines = describe_run(card) or ["run.json not found: model, dataset and reward functions unknown."]
-    page = PAGE.format(title=html.escape(f"RLOO run: {run_dir.resolve().name}"),
-                       run="".join(f'<p class="run">{html.escape(line)}</p>' for line in run_lines),
-                       summary=html.escape(summary), plots=plots,
-                       flat=(f"<p>Left out, the same at every log: {html.escape('; '.join(flat))}.</p>" if flat else ""),
+    page = PAGE.format(title=html_text(f"RLOO run: {run_dir.resolve().name}"),
+                       run="".join(f'<p class="run">{html_text(line)}</p>' for line in run_lines),
+                       summary=html_text(summary), plots=plots,
+                       flat=(f"<p>Left out, the same at every log: {html_text('; '.join(flat))}.</p>" if flat else ""),
                        config_note=html.escape(f"The core settings and those that differ from the defaults "
                                                f"({len(config) - len(shown)} more in rloo_config.json)."),
                        config=config_rows or "<tr><td>rloo_config.json not found</td></tr>",
                        standalone=standalone_eval_html(standalone),
-                       completions=completions_html(read_jsonl(run_dir / "completions.jsonl")))
+                       completions=completions_html(completions))
     out = run_dir / "report.html"
-    out.write_text(page)
+    out.write_text(page, encoding="utf-8")
     return out
 
 
@@ -304,10 +369,19 @@ def standalone_eval_html(results: dict) -> str:
         return ""
     what = ", ".join(f"{key} {results[key]}" for key in ("model", "dataset", "split", "prompts", "num_generations")
                      if key in results)
-    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}"
+    rows = "".join(f"<tr><th>{html_text(k)}</th><td>{html_text(f'{v:.4g}' if isinstance(v, float) else str(v))}"
                    f"</td></tr>" for k, v in results.items() if k.startswith("eval"))
-    return f"<h2>rloo eval</h2><p>{html.escape(what)}</p><table>{rows}</table>"
+    return f"<h2>rloo eval</h2><p>{html_text(what)}</p><table>{rows}</table>"
 
 
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+def read_json(path: Path, skipped: list[str] | None = None) -> dict:
+    """A JSON object file's content; {} when it is missing, and (counted in `skipped`) when it is not one."""
+    if not path.exists():
+        return {}
+    try:
+        content = json.loads(path.read_text(errors="replace"))
+    except ValueError:
+        content = None
+    if not isinstance(content, dict) and skipped is not None:
+        skipped.append(path.name)
+    return _dict(content)

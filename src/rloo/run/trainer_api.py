@@ -30,6 +30,7 @@ from rloo.generation.base import Sampler
 from rloo.rewards.reward_model import RewardModel
 from rloo.rewards.trl_names import TrainerStateView
 from rloo.run import checkpoint
+from rloo.run.run_lock import LOCK_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +251,7 @@ def push_to_hub(output_dir: str | Path, repo_id: str, token: str | None = None, 
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
         commit = api.upload_folder(repo_id=repo_id, folder_path=str(output_dir), revision=revision,
-                                   commit_message=commit_message)
+                                   commit_message=commit_message, ignore_patterns=[LOCK_NAME])  # the run's lock
     except Exception as error:  # noqa: BLE001 - any network or auth failure gets the same advice
         raise RuntimeError(f"push_to_hub to {repo_id} failed ({type(error).__name__}: {error}). "
                            f"Pushing needs network access to the Hub and a token (`hf auth login`). {where}") from error

@@ -1,0 +1,100 @@
+"""Untrusted text, made safe to show: the one place every console, log and report path goes through.
+
+Everything a run shows that came from a model, a dataset, a reward function or a tool is untrusted:
+a completion may hold rich markup (`[/]`, `[link=...]`), terminal escapes (`\\x1b[2J`), a carriage
+return that overwrites the line before it, bidirectional overrides that reorder what is read, or lone
+surrogates (from a JSON file) that no terminal encoding accepts. Shown raw, such text crashes rich
+(`MarkupError`), the print (`UnicodeEncodeError`) or the HTML page, or rewrites what the terminal shows.
+
+- `visible(value)`: the text with every control character written out as an escape (`\\x1b`, `\\r`,
+  `\\u202e`, `\\udc80`); `keep` names the characters left as they are (newline and tab in a table cell).
+- `console_text(value)`: a rich `Text` of `visible(display(value))`: rich never reads markup or emoji
+  codes in a `Text`, so the cell shows exactly the characters.
+- `display(value)`: how a value reads: a chat prompt as its turns (`user: ...` lines), a float to 4
+  significant digits, anything else as `str`.
+- `html_text(value)`: `display`, `visible`, then `html.escape`: for `rloo report`.
+- `tracker_text(value)`: the raw text, only with lone surrogates escaped so that every tracker can
+  encode it (TensorBoard and W&B take the text as it is; they render and sanitise it themselves).
+
+The escape of a character is Python's own (`repr` of that one character), so `\\x1b` on the console
+means the byte 0x1b was there. A backslash already in the text is left as it is (LaTeX and code read
+better unescaped), so the literal four characters `\\x1b` and an escaped ESC look the same.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from typing import Any
+
+from rich.text import Text
+
+# C0 controls (including ESC, CR, BS, NUL), DEL and the C1 controls (0x9b is a one-byte CSI), the
+# line/paragraph separators, the bidirectional marks, embeddings, overrides and isolates, and lone
+# surrogates. Newline and tab are C0 too; `keep` decides whether they stay.
+UNSAFE = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _escape(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]  # Python's escape of the one character: \x1b, \r, \u202e
+
+
+def _pattern(keep: str) -> re.Pattern[str]:
+    if keep not in _PATTERNS:
+        kept = "".join(re.escape(c) for c in keep)
+        _PATTERNS[keep] = re.compile(f"(?![{kept}])[{UNSAFE}]" if kept else f"[{UNSAFE}]")
+    return _PATTERNS[keep]
+
+
+def visible(value: Any, keep: str = "") -> str:
+    """`str(value)` with every control character (but those in `keep`) written as its escape."""
+    return _pattern(keep).sub(_escape, value if isinstance(value, str) else str(value))
+
+
+def chat_turns(messages: list[Any]) -> str:
+    """A conversation (TRL's list of {"role", "content"} messages) as one `role: content` line per
+    turn; a content given as parts shows its text parts and names the others (`<image>`)."""
+    lines = []
+    for message in messages:
+        if not isinstance(message, dict):
+            lines.append(str(message))
+            continue
+        content = message.get("content", "")
+        if isinstance(content, list):  # multimodal parts: [{"type": "text", "text": ...}, {"type": "image"}]
+            content = " ".join(str(part.get("text", "")) if isinstance(part, dict) and part.get("type") == "text"
+                               else f"<{part.get('type', 'part')}>" if isinstance(part, dict) else str(part)
+                               for part in content)
+        lines.append(f"{message.get('role', '?')}: {content}")
+    return "\n".join(lines)
+
+
+def is_conversation(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(m, dict) and "role" in m for m in value)
+
+
+def display(value: Any) -> str:
+    """How a value reads in a table: a conversation as its turns, a float to 4 significant digits."""
+    if is_conversation(value):
+        return chat_turns(list(value))
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return value if isinstance(value, str) else str(value)
+
+
+def console_text(value: Any, keep: str = "\n\t") -> Text:
+    """A rich cell showing `display(value)` character for character: no markup, no control characters."""
+    return Text(visible(display(value), keep))
+
+
+def html_text(value: Any, keep: str = "\n\t") -> str:
+    """`display(value)` for an HTML page: control characters made visible, then HTML-escaped."""
+    return html.escape(visible(display(value), keep))
+
+
+def tracker_text(value: Any) -> str:
+    """The raw text for a tracker's table, with only lone surrogates escaped (no encoder takes them)."""
+    text = value if isinstance(value, str) else str(value)
+    return re.sub("[\ud800-\udfff]", _escape, text)
