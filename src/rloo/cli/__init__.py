@@ -25,10 +25,7 @@ from rloo.run.safe_text import visible
 __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 
 def run_train(argv: Sequence[str]) -> None:
-    from rloo import builders, model_loading
-    from rloo.data.loading import first_rows, load_prompt_dataset
-    from rloo.run import run_dir, run_lock, trainer_api
-    from rloo.trainer import RLOOTrainer
+    from rloo.run import run_dir, run_lock
 
     script, config, resume = parse_train_args(argv)
     if not script.model_name_or_path or not script.dataset_name or not script.reward_funcs:
@@ -45,8 +42,8 @@ def run_train(argv: Sequence[str]) -> None:
 
 def _train(script: Any, config: Any, resume: str | None) -> None:
     from rloo import builders, model_loading
-    from rloo.data.loading import load_prompt_dataset
-    from rloo.run import run_dir
+    from rloo.data.loading import first_rows, load_prompt_dataset
+    from rloo.run import run_dir, trainer_api
     from rloo.trainer import RLOOTrainer
 
     if resume is None and not config.overwrite_output_dir:
