@@ -16,7 +16,7 @@ from rloo.rewards.sandbox import SandboxUnavailable, run_tests
 from rloo.rewards.verdicts import judge, plan_test
 
 LAYERS = isolation_layers()
-needs_isolation = pytest.mark.skipif(not any(LAYERS.values()), reason="no namespaces and no Landlock here")
+needs_isolation = pytest.mark.skipif(not (LAYERS["namespaces"] or LAYERS["landlock"]), reason="no namespaces, no Landlock")
 HONEST = "def f(x):\n    return x * x\n"
 TESTS = ["assert f(3) == 9", "assert f(4) == 16"]
 
@@ -139,7 +139,7 @@ def test_verdicts_are_decided_from_plain_values():
 
 def test_it_refuses_without_isolation_unless_allowed(monkeypatch):
     from rloo.rewards import isolation
-    monkeypatch.setattr(isolation, "isolation_layers", lambda: {"namespaces": False, "landlock": False})
+    monkeypatch.setattr(isolation, "isolation_layers", lambda: {"namespaces": False, "landlock": False, "pids_cgroup": False})
     monkeypatch.delenv(isolation.ALLOW_UNISOLATED_ENV, raising=False)
     with pytest.raises(SandboxUnavailable, match="allow_unisolated=True"):
         run_tests(HONEST, TESTS)
