@@ -184,3 +184,18 @@ def test_the_child_dies_with_the_trainer():
     for pid in _processes_with(token):
         os.kill(pid, 9)
     assert died
+
+
+@pytest.mark.parametrize("disabled", ["namespaces", "landlock", "pids_cgroup", "landlock,pids_cgroup"])
+def test_each_layer_can_be_missing_and_it_is_named_once(monkeypatch, caplog, disabled):
+    from rloo.rewards import isolation
+    monkeypatch.setenv(isolation.DISABLE_ENV, disabled)
+    monkeypatch.setattr(isolation, "_missing_logged", False)
+    if not all(value for name, value in isolation_layers().items() if name not in disabled):
+        pytest.skip("a layer this test keeps is missing here")
+    with caplog.at_level("WARNING", logger="rloo.rewards.isolation"):
+        assert score(HONEST).passed == 2 and score(HONEST).passed == 2
+    missing = [record.getMessage() for record in caplog.records if "runs without" in record.getMessage()]
+    assert len(missing) == 1
+    names = {"namespaces": "without namespaces", "landlock": "without Landlock", "pids_cgroup": "without a pids cgroup"}
+    assert all((names[layer] in missing[0]) == (layer in disabled) for layer in names)

@@ -45,6 +45,7 @@ import time
 
 logger = logging.getLogger(__name__)
 ALLOW_UNISOLATED_ENV = "RLOO_SANDBOX_ALLOW_UNISOLATED"
+DISABLE_ENV = "RLOO_SANDBOX_DISABLE"
 NOBODY = 65534  # the uid and gid the program runs as inside the user namespace
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_CREATE_RULESET_VERSION = 444, 1
 _PR_SET_PDEATHSIG = 1
@@ -158,6 +159,7 @@ def _unshare_mapped(nobody):
 def _build_root(spec):
     """Populate the new root (a tmpfs at spec["root"]) and pivot into it; returns what worked."""
     root, nobody, done = spec["root"], spec["nobody"], {}
+    os.umask(0o022)  # what it creates (the Python prefix's parent folders included) is readable by the program
     _mount(None, "/", None, _REC | _PRIVATE)  # nothing mounted here propagates back to the host
     _mount("tmpfs", root, "tmpfs", _NOSUID | _NODEV,
            f"size={spec['disk_bytes']},nr_inodes={spec['max_inodes']},mode=0755")
@@ -220,6 +222,8 @@ def _wait_exit(pid):
     while True:
         try:
             ended, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
         except ChildProcessError:
             os._exit(3)
         if ended == pid:
@@ -243,9 +247,11 @@ def enter_sandbox(spec):
     if os.getppid() != launcher:
         os._exit(3)
     init = os.fork()
-    if init:
-        _wait_exit(init)  # the launcher, outside the pid namespace, reports its init's status
+    if init:  # the launcher, outside the pid namespace, reports its init's status; SIGTERM: end the run now
+        signal.signal(signal.SIGTERM, lambda *_: os.kill(init, signal.SIGKILL))
+        _wait_exit(init)  # returns once the kernel has killed and reaped every process of the namespace
     try:  # pid 1 of the new namespace: trusted, never runs the program; when it ends, all end
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # pid 1 ignores signals from inside without a handler
         _die_with_parent()
         done = _build_root(spec)
         worker = os.fork()
@@ -423,9 +429,15 @@ class PidsCgroup:
 
 
 def isolation_layers() -> dict[str, bool]:
-    """Which isolation layers this machine supports: {"namespaces": ..., "landlock": ..., "pids_cgroup": ...}."""
-    return {"namespaces": unshare_works(), "landlock": landlock_abi() > 0,
-            "pids_cgroup": pids_cgroup_parent()[0] is not None}
+    """Which isolation layers this machine supports: {"namespaces": ..., "landlock": ..., "pids_cgroup": ...}.
+
+    RLOO_SANDBOX_DISABLE (comma-separated layer names) switches layers off, to see what each one stops
+    (docs/rewards.md's table); the trainer's environment is not the program's to set.
+    """
+    disabled = set(os.environ.get(DISABLE_ENV, "").split(","))
+    return {"namespaces": "namespaces" not in disabled and unshare_works(),
+            "landlock": "landlock" not in disabled and landlock_abi() > 0,
+            "pids_cgroup": "pids_cgroup" not in disabled and pids_cgroup_parent()[0] is not None}
 
 
 def _log_missing_once(layers: dict[str, bool]) -> None:
@@ -436,10 +448,10 @@ def _log_missing_once(layers: dict[str, bool]) -> None:
             return
         _missing_logged = True
     effects = {
-        "namespaces": (f"namespaces ({probe_namespaces()[1]}): the program sees the host's files (Landlock limits "
+        "namespaces": (f"namespaces ({probe_namespaces()[1] or DISABLE_ENV}): the program sees the host's files (Landlock limits "
                        "reads), its network stack (UDP, unix sockets) and processes, and total disk is not bounded"),
-        "landlock": "Landlock (kernel without it or disabled): no second layer on file access and TCP",
-        "pids_cgroup": (f"a pids cgroup ({pids_cgroup_parent()[1]}): processes are bounded by RLIMIT_NPROC only"),
+        "landlock": f"Landlock (kernel without it, or {DISABLE_ENV}): no second layer on file access and TCP",
+        "pids_cgroup": (f"a pids cgroup ({pids_cgroup_parent()[1] or DISABLE_ENV}): processes are bounded by RLIMIT_NPROC only"),
     }
     missing = [effects[name] for name, ok in layers.items() if not ok]
     if missing:

@@ -132,6 +132,14 @@ def _child_env(home: str, tmp: str) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
+def _end_namespaced_run(process: subprocess.Popen) -> None:
+    """Ask the launcher to kill the pid namespace's init; it exits once the kernel has reaped every process in it."""
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)  # a bound for a launcher that died before its handler was set: killpg follows
+
+
 def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: int = 512, *,
               file_size_mb: int = 16, disk_mb: int = 64, max_files: int = 4096, max_processes: int = 16,
               allow_unisolated: bool = False) -> SandboxResult:
@@ -166,8 +174,8 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
             sandbox = {"namespaces": False}
             read_roots, write_roots = isolation.host_readable_roots(home), [home]
         cgroup = None
-        if layers["pids_cgroup"]:  # launcher + init + program: the program's own processes get max_processes
-            cgroup = isolation.PidsCgroup(isolation.pids_cgroup_parent()[0], max_processes + 2)
+        if layers["pids_cgroup"]:  # with namespaces, a launcher and an init come before the program's processes
+            cgroup = isolation.PidsCgroup(isolation.pids_cgroup_parent()[0], max_processes + 2 * layers["namespaces"])
             sandbox["cgroup"] = cgroup.path
         payload = json.dumps({
             "code": code, "tests": [plan.steps for plan in plans], "rlimits": rlimits, "sandbox": sandbox,
@@ -186,6 +194,8 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
                 except subprocess.TimeoutExpired:
                     timed_out = True
                 finally:
+                    if layers["namespaces"] and process.poll() is None:
+                        _end_namespaced_run(process)
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(process.pid, signal.SIGKILL)  # on timeout and on exit: nothing stays behind
                     process.wait()
