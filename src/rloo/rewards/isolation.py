@@ -480,9 +480,10 @@ def die_with_parent() -> None:
 
 
 def host_readable_roots(workdir: str) -> list[str]:
-    """Without namespaces, the host directories the child may read under Landlock: system, Python, its own."""
-    roots = {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/dev", "/proc", *_python_dirs(), workdir}
-    return sorted(root for root in roots if os.path.isdir(root))
+    """Without namespaces, what the child may read under Landlock: system and Python directories, the dynamic
+    linker's files of /etc (not /etc/shadow), /dev, /proc, its own directory."""
+    roots = {*SYSTEM_DIRS, *ETC_FILES, "/dev", "/proc", *_python_dirs(), workdir}
+    return sorted(root for root in roots if os.path.exists(root))
 
 
 # Runs in the child before any untrusted code (part of the bootstrap; see sandbox.py).
