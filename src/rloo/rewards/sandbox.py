@@ -22,10 +22,12 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 from rloo.rewards import isolation
@@ -132,6 +134,32 @@ def _child_env(home: str, tmp: str) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
+def _send_and_wait(process: subprocess.Popen, payload: str, timeout_s: float) -> bool:
+    """Give the child its payload and wait for it to exit; False at the timeout.
+
+    Waits on a pidfd where the kernel has them: Popen.wait(timeout) polls with sleeps of up to 50 ms,
+    a delay every completion would pay."""
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(BrokenPipeError):  # a child that died at start: its status says why
+        process.stdin.write(payload)
+        process.stdin.close()
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        exited = bool(select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))[0])
+    finally:
+        os.close(pidfd)
+    if exited:
+        process.wait()
+    return exited
+
+
 def _end_namespaced_run(process: subprocess.Popen) -> None:
     """Ask the launcher to kill the pid namespace's init; it exits once the kernel has reaped every process in it."""
     with contextlib.suppress(ProcessLookupError):
@@ -188,11 +216,8 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
                     [sys.executable, "-I", "-c", _BOOTSTRAP], cwd=private if layers["namespaces"] else home,
                     env=_child_env(home, tmp), stdin=subprocess.PIPE, stdout=channel, stderr=errors, text=True,
                     start_new_session=True, preexec_fn=isolation.die_with_parent)
-                timed_out = False
                 try:
-                    process.communicate(payload, timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
+                    timed_out = not _send_and_wait(process, payload, timeout_s)
                 finally:
                     if layers["namespaces"] and process.poll() is None:
                         _end_namespaced_run(process)
