@@ -184,6 +184,12 @@ def test_the_child_dies_with_the_trainer():
     for pid in _processes_with(token):
         os.kill(pid, 9)
     assert died
+    if LAYERS["pids_cgroup"]:  # the dead trainer's cgroup is removed by the next process that probes for one
+        from rloo.rewards.isolation import pids_cgroup_parent
+        stale = os.path.join(pids_cgroup_parent()[0], f"rloo-sandbox-{trainer.pid}-0")
+        assert os.path.isdir(stale)
+        subprocess.run([sys.executable, "-c", "from rloo.rewards.isolation import pids_cgroup_parent as p; p()"], check=True)
+        assert not os.path.exists(stale)
 
 
 @pytest.mark.parametrize("disabled", ["namespaces", "landlock", "pids_cgroup", "landlock,pids_cgroup"])

@@ -374,6 +374,7 @@ def pids_cgroup_parent() -> tuple[str | None, str]:
             os.mkdir(probe)
             with open(os.path.join(probe, "pids.max"), "w") as limit:
                 limit.write("4")
+            _remove_stale_cgroups(parent)
             return parent, ""
         except OSError as error:
             reasons.append(f"{parent}: {error.strerror}")
@@ -383,6 +384,18 @@ def pids_cgroup_parent() -> tuple[str | None, str]:
             except OSError:
                 pass
     return None, "; ".join(reasons) or "no v1 pids hierarchy and no v2 cgroup with pids delegated"
+
+
+def _remove_stale_cgroups(parent: str) -> None:
+    """Remove the empty run cgroups of trainers that died (SIGKILLed: their own cleanup never ran)."""
+    for name in os.listdir(parent):
+        parts = name.split("-")
+        if name.startswith("rloo-sandbox-") and len(parts) == 4 and parts[2].isdigit() \
+                and not os.path.exists(f"/proc/{parts[2]}"):
+            try:
+                os.rmdir(os.path.join(parent, name))  # fails, harmlessly, while a process is still in it
+            except OSError:
+                pass
 
 
 def _v2_delegates_pids(mount_point: str, path: str) -> bool:

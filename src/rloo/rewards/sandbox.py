@@ -6,12 +6,15 @@ goes to the child, never the `5`), and writes their values as data; the trainer 
 plain literals and decides every assertion itself. reward = passed / total, at most 1.0.
 
 The child is isolated by the operating system where it allows (see `isolation.py`): user,
-network, mount and pid namespaces through `unshare`, and Landlock (reads only from system and
-Python directories, writes only in its own temporary directory, no TCP, no signals out). It
-starts with a minimal environment (not the trainer's), in its own session and process group,
-with rlimits on address space, CPU time, file size, open files and process count, and dies with
-the thread that started it (PR_SET_PDEATHSIG). The whole group is killed at the timeout and at
-the end of every run. Where neither namespaces nor Landlock work, `run_tests` refuses to run
+network, IPC, UTS, pid and mount namespaces entered by the child itself, running the program as
+uid 65534 without capabilities in a root of its own (a size-limited tmpfs for its directories,
+read-only system and Python directories, nothing else of the host); a pids cgroup per run; and
+Landlock (reads only from system and Python directories, writes only in its own, no TCP, no
+signals out). It starts with a minimal environment (not the trainer's), in its own session and
+process group, with rlimits on address space, CPU time, file size, open files and process count,
+and dies with the thread that started it (PR_SET_PDEATHSIG). At the timeout and at the end of
+every run the pid namespace, the process group and the cgroup are killed. Where neither namespaces
+nor Landlock work, `run_tests` refuses to run
 (`SandboxUnavailable`) unless `allow_unisolated=True` or RLOO_SANDBOX_ALLOW_UNISOLATED=1.
 """
 
