@@ -149,11 +149,13 @@ def test_no_other_process_can_be_signalled():
         victim.wait()
 
 
-def _watch(token: str, run: Background, look):
-    """While `run` goes on, call look(pids with `token`) every 20 ms; returns its results (a bounded loop)."""
+def _watch(token: str, run: Background, look, readings: int | None = None):
+    """While `run` goes on, call look(pids with `token`) every 20 ms; returns its results (a bounded loop).
+
+    With `readings`, stops once that many results are not None (the program sleeps, done with its work)."""
     seen = []
     for _ in range(3000):
-        if not run.running():
+        if not run.running() or (readings and sum(found is not None for found in seen) >= readings):
             break
         seen.append(look(_processes_with(token)))
         time.sleep(0.02)
@@ -174,13 +176,14 @@ def test_the_program_runs_as_an_unprivileged_user_of_the_host():
                 pass
         return None
 
-    seen = [found for found in _watch(token, run, identity) if found]
+    seen = [found for found in _watch(token, run, identity, readings=2) if found]
+    for pid in _processes_with(token):  # seen: end the run now rather than at its timeout
+        os.kill(pid, 9)
     run.join()
     assert seen, "the program's process was never seen"
     uid = str(NOBODY if os.geteuid() == 0 else os.geteuid())
     gid = str(NOBODY if os.geteuid() == 0 else os.getegid())
     assert seen[-1] == ([uid] * 4, [gid] * 4, 0)  # real, effective, saved, fs ids; no capabilities
-    assert not _processes_with(token)
 
 
 @needs_isolation
@@ -222,12 +225,7 @@ def test_the_total_disk_a_program_fills_is_bounded():
             return total
         return None
 
-    seen = []
-    for used in _watch(token, run, disk_use):
-        if used is not None:
-            seen.append(used)
-            if len(seen) >= 3:  # the program has finished writing once it sleeps; a few reads suffice
-                break
+    seen = [used for used in _watch(token, run, disk_use, readings=3) if used is not None]  # it sleeps once done
     for pid in _processes_with(token):
         os.kill(pid, 9)
     run.join()
@@ -248,3 +246,23 @@ def test_a_program_that_ignores_sigterm_and_its_escaped_child_are_killed_at_the_
         os.kill(pid, 9)
     assert result.timed_out and max(seen, default=0) == 2  # both started, both outlived the timeout...
     assert not left  # ...and none is left once run_tests returns
+
+
+@needs_namespaces
+def test_the_number_of_files_a_program_creates_is_bounded():
+    token = _sleep_token()
+    code = ("import os\ndef spawn_files():\n    for i in range(5000):\n        try:\n"
+            "            open(f'empty{i}', 'w').close()\n        except OSError:\n            break\n"
+            f"    os.execv('/bin/sleep', ['sleep', '{token}'])\n")
+    run = Background(code, ["spawn_files()"], timeout_s=20, max_files=300)
+
+    def count(pids):
+        for pid in pids:
+            return sum(name.startswith("empty") for name in os.listdir(f"/proc/{pid}/cwd"))
+        return None
+
+    seen = [found for found in _watch(token, run, count, readings=3) if found is not None]
+    for pid in _processes_with(token):
+        os.kill(pid, 9)
+    run.join()
+    assert seen and 100 <= max(seen) <= 300, seen  # the tmpfs's inode limit, not the program's loop, stopped it
