@@ -137,6 +137,17 @@ def _child_env(home: str, tmp: str) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
+def _child_places(layers: dict[str, bool], private: str, disk_mb: int, max_files: int):
+    """The child's setup spec, its $HOME and $TMPDIR, and where Landlock lets it read and write."""
+    if layers["namespaces"]:  # the child's directories live on a tmpfs in its own root, not on the host
+        root = os.path.join(private, "root")
+        os.mkdir(root)
+        return isolation.namespace_spec(root, disk_mb, max_files), "/work", "/tmp", *isolation.sandbox_paths()
+    home = os.path.join(private, "work")
+    os.mkdir(home)
+    return {"namespaces": False}, home, home, isolation.host_readable_roots(home), [home]
+
+
 def _send_and_wait(process: subprocess.Popen, payload: str, timeout_s: float) -> bool:
     """Give the child its payload and wait for it to exit; False at the timeout.
 
@@ -193,17 +204,7 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
     rlimits = {"RLIMIT_AS": memory_mb * 2**20, "RLIMIT_CPU": max(1, int(timeout_s) + 1), "RLIMIT_CORE": 0,
                "RLIMIT_FSIZE": file_size_mb * 2**20, "RLIMIT_NOFILE": 256, "RLIMIT_NPROC": max_processes}
     with tempfile.TemporaryDirectory(prefix="rloo-sandbox-") as private:
-        if layers["namespaces"]:  # the child's directories live on a tmpfs in its own root, not on the host
-            root = os.path.join(private, "root")
-            os.mkdir(root)
-            sandbox = isolation.namespace_spec(root, disk_mb, max_files)
-            read_roots, write_roots = isolation.sandbox_paths()
-            home, tmp = "/work", "/tmp"
-        else:
-            home = tmp = os.path.join(private, "work")
-            os.mkdir(home)
-            sandbox = {"namespaces": False}
-            read_roots, write_roots = isolation.host_readable_roots(home), [home]
+        sandbox, home, tmp, read_roots, write_roots = _child_places(layers, private, disk_mb, max_files)
         cgroup = None
         if layers["pids_cgroup"]:  # with namespaces, a launcher and an init come before the program's processes
             cgroup = isolation.PidsCgroup(isolation.pids_cgroup_parent()[0], max_processes + 2 * layers["namespaces"])
