@@ -58,21 +58,18 @@ def _bind_readonly(source, target):
     _mount(None, target, None, _REMOUNT | _BIND | _RDONLY | _NOSUID | _NODEV | kept)
 
 
-def _map_ids(host_uid, host_gid, nobody):
-    """Map the sandbox's ids: root maps 0 and nobody to the host's; a user maps nobody to itself."""
-    if host_uid != 0:
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{nobody} {host_uid} 1\n")
-        _write("/proc/self/gid_map", f"{nobody} {host_gid} 1\n")
-
-
 def _unshare_mapped(nobody):
-    """Enter new user, mount, pid, network, IPC and UTS namespaces, with ids mapped."""
+    """Enter new user, mount, pid, network, IPC and UTS namespaces, with ids mapped.
+
+    A user may map only its own ids: `nobody` inside is the user outside. Root maps 0 (the trusted
+    launcher and init) to itself and `nobody` to the host's nobody, which the program becomes."""
     host_uid, host_gid = os.geteuid(), os.getegid()
     flags = _NEWUSER | _NEWNS | _NEWPID | _NEWNET | _NEWIPC | _NEWUTS
     if host_uid != 0:
         _check(_libc.unshare(flags), "unshare")
-        _map_ids(host_uid, host_gid, nobody)
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{nobody} {host_uid} 1\n")
+        _write("/proc/self/gid_map", f"{nobody} {host_gid} 1\n")
         return
     # Only a process still privileged in the host's namespace may map the host's ids: a helper.
     go_read, go_write = os.pipe()
