@@ -16,7 +16,7 @@ from rloo.rewards.sandbox import SandboxUnavailable, run_tests
 from rloo.rewards.verdicts import judge, plan_test
 
 LAYERS = isolation_layers()
-needs_isolation = pytest.mark.skipif(not any(LAYERS.values()), reason="no namespaces and no Landlock here")
+needs_isolation = pytest.mark.skipif(not (LAYERS["namespaces"] or LAYERS["landlock"]), reason="no namespaces, no Landlock")
 HONEST = "def f(x):\n    return x * x\n"
 TESTS = ["assert f(3) == 9", "assert f(4) == 16"]
 
@@ -139,7 +139,7 @@ def test_verdicts_are_decided_from_plain_values():
 
 def test_it_refuses_without_isolation_unless_allowed(monkeypatch):
     from rloo.rewards import isolation
-    monkeypatch.setattr(isolation, "isolation_layers", lambda: {"namespaces": False, "landlock": False})
+    monkeypatch.setattr(isolation, "isolation_layers", lambda: {"namespaces": False, "landlock": False, "pids_cgroup": False})
     monkeypatch.delenv(isolation.ALLOW_UNISOLATED_ENV, raising=False)
     with pytest.raises(SandboxUnavailable, match="allow_unisolated=True"):
         run_tests(HONEST, TESTS)
@@ -184,3 +184,24 @@ def test_the_child_dies_with_the_trainer():
     for pid in _processes_with(token):
         os.kill(pid, 9)
     assert died
+    if LAYERS["pids_cgroup"]:  # the dead trainer's cgroup is removed by the next process that probes for one
+        from rloo.rewards.isolation import pids_cgroup_parent
+        stale = os.path.join(pids_cgroup_parent()[0], f"rloo-sandbox-{trainer.pid}-0")
+        assert os.path.isdir(stale)
+        subprocess.run([sys.executable, "-c", "from rloo.rewards.isolation import pids_cgroup_parent as p; p()"], check=True)
+        assert not os.path.exists(stale)
+
+
+@pytest.mark.parametrize("disabled", ["namespaces", "landlock", "pids_cgroup", "landlock,pids_cgroup"])
+def test_each_layer_can_be_missing_and_it_is_named_once(monkeypatch, caplog, disabled):
+    from rloo.rewards import isolation
+    monkeypatch.setenv(isolation.DISABLE_ENV, disabled)
+    monkeypatch.setattr(isolation, "_missing_logged", False)
+    if not all(value for name, value in isolation_layers().items() if name not in disabled):
+        pytest.skip("a layer this test keeps is missing here")
+    with caplog.at_level("WARNING", logger="rloo.rewards.isolation"):
+        assert score(HONEST).passed == 2 and score(HONEST).passed == 2
+    missing = [record.getMessage() for record in caplog.records if "runs without" in record.getMessage()]
+    assert len(missing) == 1
+    names = {"namespaces": "without namespaces", "landlock": "without Landlock", "pids_cgroup": "without a pids cgroup"}
+    assert all((names[layer] in missing[0]) == (layer in disabled) for layer in names)

@@ -5,7 +5,7 @@
 - `scoring`: wrapping user functions, calling them with the arguments they name, checking what
   they return (`score_completions`), and the per-function metrics.
 - `reward_model`: a sequence-classification model as a reward function.
-- `sandbox`: running untrusted code against tests in an isolated, limited process (`isolation`),
+- `sandbox`: running untrusted code against tests in an isolated, limited process (`isolation`, `jail`),
   with the verdicts decided in the trainer (`verdicts`).
 - `trl_names`: TRL's built-in reward functions under their TRL names (`accuracy_reward`, ...).
 """

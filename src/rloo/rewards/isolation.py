@@ -1,52 +1,70 @@
 """How the code sandbox isolates a child process, using what the operating system offers.
 
-Two layers, each used when this machine supports it (probed once per process):
+Three layers, each used when this machine supports it (probed once per process; the first
+`check_isolation` logs which are missing, once):
 
-* namespaces, through util-linux `unshare`: a new user namespace (no privileges outside it), a
-  network namespace with only a downed loopback (no network at all), a mount namespace with a
-  fresh /proc, and a pid namespace whose first process is the child, so the kernel kills every
-  process it started (a `setsid` grandchild included) when it ends; the trainer is invisible.
+* namespaces (`unshare(2)` through ctypes; no external tool): a new user namespace in which the
+  program runs as uid/gid 65534 with no capabilities (when the trainer is root, the ids map to
+  the host's 65534 too), network, IPC, UTS, pid and mount namespaces. The mount namespace gets a
+  new root, `pivot_root`ed into: a size- and inode-limited tmpfs holding the program's directory
+  `/work`, `/tmp` and `/dev/shm` (so the total disk it can fill is bounded), read-only binds of
+  the system and Python directories it needs to run (`/usr`, `/lib*`, the Python prefix), a few
+  `/etc` files the dynamic linker needs, `/dev/{null,zero,full,random,urandom}`, and a fresh
+  `/proc` of its own pid namespace. No host `/tmp`, `/run`, `/home`, `/root` (beyond the Python
+  prefix), `/etc/shadow` or socket file exists in it, and abstract unix sockets are per network
+  namespace, so it reaches none of the host's. The first process of the pid namespace is a small
+  trusted init that never runs untrusted code; when it ends, the kernel kills every process left.
+* a pids cgroup (v1 `pids` hierarchy or v2 with `pids` delegated) per run, bounding how many
+  processes and threads exist at once, and killed and removed after the run. Without it,
+  `RLIMIT_NPROC` bounds them, which binds inside the user namespace (the count is per namespace).
 * Landlock (Linux >= 5.13), applied by the child before any untrusted code runs: reads only
-  under system and Python directories and its own directory, writes only in its own directory,
-  no TCP bind/connect (ABI >= 4), no signals to processes outside it (ABI >= 6).
+  under system and Python directories and its own directories, writes only in those, no TCP
+  bind/connect (ABI >= 4), no signals or abstract sockets outside it (ABI >= 6).
 
 `isolation_layers()` says which work here. `RLOO_SANDBOX_ALLOW_UNISOLATED=1` (or
-`allow_unisolated=True`) lets code run where neither does; otherwise it is refused.
+`allow_unisolated=True`) lets code run where neither namespaces nor Landlock work; otherwise it
+is refused. The child-side code is Python source (`SETUP_SOURCE`, `LANDLOCK_SOURCE`) that the
+child runs before the program, since nothing of the trainer may run between fork and exec.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
+import json
+import logging
 import os
-import shutil
 import signal
+import site
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 
+from rloo.rewards.jail import SETUP_SOURCE
+
+logger = logging.getLogger(__name__)
 ALLOW_UNISOLATED_ENV = "RLOO_SANDBOX_ALLOW_UNISOLATED"
-UNSHARE_FLAGS = ["--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child"]
+DISABLE_ENV = "RLOO_SANDBOX_DISABLE"
+NOBODY = 65534  # the uid and gid the program runs as inside the user namespace
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_CREATE_RULESET_VERSION = 444, 1
 _PR_SET_PDEATHSIG = 1
+SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin")
+# What the dynamic linker and Debian-style /usr/bin symlinks need; nothing else of /etc is shown.
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
 
 _libc = ctypes.CDLL(None, use_errno=True)  # resolved now: nothing is loaded between fork and exec
+_cgroup_names = itertools.count()
+_reported = threading.Lock()
+_missing_logged = False
 
 
 class SandboxUnavailable(RuntimeError):
     """Raised when untrusted code would run without any operating-system isolation."""
 
 
-@functools.lru_cache(maxsize=1)
-def unshare_works() -> bool:
-    """Whether `unshare` can create the user, network, mount and pid namespaces here."""
-    binary = shutil.which("unshare")
-    if binary is None:
-        return False
-    try:
-        done = subprocess.run([binary, *UNSHARE_FLAGS, "--", "true"], capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,28 +77,214 @@ def landlock_abi() -> int:
     return max(0, int(version))
 
 
+def _python_dirs() -> list[str]:
+    """The directories Python needs: prefixes, the real interpreter's directory, site-packages."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+            os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)), *site.getsitepackages()}
+    return sorted(d for d in dirs if os.path.isdir(d))
+
+
+def mount_plan() -> tuple[list[str], list[tuple[str, str]]]:
+    """What the new root shows: read-only binds (each at its host path) and symlinks (path, target)."""
+    binds, symlinks = [], []
+    for path in [*SYSTEM_DIRS, *ETC_FILES, *_python_dirs()]:
+        if os.path.islink(path):
+            symlinks.append((path, os.readlink(path)))
+            path = os.path.realpath(path)
+        if os.path.exists(path) and path not in binds:
+            binds.append(path)
+    links = {link for link, _ in symlinks}
+    binds = [p for p in binds if not any(p.startswith(b + "/") for b in binds)]  # already inside another bind
+    return [p for p in binds if p not in links], symlinks
+
+
+def namespace_spec(root: str, disk_mb: int, max_inodes: int) -> dict:
+    """The child's instructions for its namespaces and new root (`root`: an empty directory to mount on)."""
+    binds, symlinks = mount_plan()
+    return {"namespaces": True, "root": root, "nobody": NOBODY, "disk_bytes": disk_mb * 2**20,
+            "max_inodes": max_inodes, "binds": binds, "symlinks": symlinks}
+
+
+def sandbox_paths() -> tuple[list[str], list[str]]:
+    """Inside the new root: where the program may read, and where it may write (for Landlock)."""
+    binds, _ = mount_plan()
+    return sorted({*binds, "/etc", "/dev", "/proc", "/work", "/tmp", "/dev/shm"}), ["/work", "/tmp", "/dev/shm"]
+
+
+_PROBE_SOURCE = SETUP_SOURCE + r'''
+done = enter_sandbox(json.loads(sys.stdin.read()))
+sys.stdout.write(json.dumps({**done, "uid": os.getuid(), "gid": os.getgid(), "pid": os.getpid(),
+                             "shadow": os.path.exists("/etc/shadow"), "tmp": os.listdir("/tmp")}))
+'''
+
+
+@functools.lru_cache(maxsize=1)
+def probe_namespaces() -> tuple[dict | None, str]:
+    """Enter the namespaces once with nothing to run: (what the child saw, "") or (None, why not)."""
+    if not sys.platform.startswith("linux"):
+        return None, "not Linux"
+    with tempfile.TemporaryDirectory(prefix="rloo-sandbox-probe-") as private:
+        os.mkdir(os.path.join(private, "root"))
+        spec = namespace_spec(os.path.join(private, "root"), 1, 64)
+        try:
+            done = subprocess.run([sys.executable, "-I", "-c", _PROBE_SOURCE], input=json.dumps(spec), text=True,
+                                  capture_output=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return None, str(error)
+    if done.returncode != 0:
+        return None, (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    try:
+        seen = json.loads(done.stdout)
+    except ValueError:
+        return None, f"unexpected probe output {done.stdout[:200]!r}"
+    if seen["uid"] != NOBODY or seen["pid"] != 2 or seen["shadow"] or seen["tmp"]:
+        return None, f"the probe's view is not isolated: {seen}"
+    return seen, ""
+
+
+def unshare_works() -> bool:
+    """Whether the user, mount, pid, network, IPC and UTS namespaces and the new root work here."""
+    return probe_namespaces()[0] is not None
+
+
+def _own_cgroup_dirs() -> list[str]:
+    """Candidate parents for a pids cgroup: this process's cgroup in a v1 `pids` or a v2 hierarchy."""
+    try:
+        with open("/proc/self/cgroup") as own, open("/proc/self/mountinfo") as table:
+            memberships = [line.rstrip("\n").split(":", 2) for line in own]
+            mounts = [line.split() for line in table]
+    except OSError:
+        return []
+    found = []
+    for _, controllers, path in memberships:
+        for fields in mounts:
+            fstype, options = fields[fields.index("-") + 1], fields[-1].split(",")
+            v1_pids = controllers == "pids" and fstype == "cgroup" and "pids" in options
+            if v1_pids or (controllers == "" and fstype == "cgroup2" and _v2_delegates_pids(fields[4], path)):
+                found.append(os.path.join(fields[4], path.lstrip("/")))
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def pids_cgroup_parent() -> tuple[str | None, str]:
+    """A cgroup under which this process may create pids-limited children: (directory, "") or (None, why not)."""
+    reasons = []
+    for parent in _own_cgroup_dirs():
+        probe = os.path.join(parent, f"rloo-sandbox-probe-{os.getpid()}")
+        try:
+            os.mkdir(probe)
+            with open(os.path.join(probe, "pids.max"), "w") as limit:
+                limit.write("4")
+            _remove_stale_cgroups(parent)
+            return parent, ""
+        except OSError as error:
+            reasons.append(f"{parent}: {error.strerror}")
+        finally:
+            try:
+                os.rmdir(probe)
+            except OSError:
+                pass
+    return None, "; ".join(reasons) or "no v1 pids hierarchy and no v2 cgroup with pids delegated"
+
+
+def _remove_stale_cgroups(parent: str) -> None:
+    """Remove the empty run cgroups of trainers that died (SIGKILLed: their own cleanup never ran)."""
+    for name in os.listdir(parent):
+        parts = name.split("-")
+        if name.startswith("rloo-sandbox-") and len(parts) == 4 and parts[2].isdigit() \
+                and not os.path.exists(f"/proc/{parts[2]}"):
+            try:
+                os.rmdir(os.path.join(parent, name))  # fails, harmlessly, while a process is still in it
+            except OSError:
+                pass
+
+
+def _v2_delegates_pids(mount_point: str, path: str) -> bool:
+    """Whether a v2 cgroup lets its children limit pids (the controller is in its subtree_control)."""
+    try:
+        with open(os.path.join(mount_point, path.lstrip("/"), "cgroup.subtree_control")) as control:
+            return "pids" in control.read().split()
+    except OSError:
+        return False
+
+
+class PidsCgroup:
+    """A cgroup for one run with `pids.max` set; `close()` kills what is left in it and removes it."""
+
+    def __init__(self, parent: str, max_tasks: int):
+        self.path = os.path.join(parent, f"rloo-sandbox-{os.getpid()}-{next(_cgroup_names)}")
+        os.mkdir(self.path)
+        with open(os.path.join(self.path, "pids.max"), "w") as limit:
+            limit.write(str(max_tasks))
+
+    def pids(self) -> list[int]:
+        try:
+            with open(os.path.join(self.path, "cgroup.procs")) as procs:
+                return [int(pid) for pid in procs.read().split()]
+        except OSError:
+            return []
+
+    def close(self) -> None:
+        """Kill every process still in it (bounded retries: a dying process leaves in milliseconds), then remove it."""
+        for _ in range(200):
+            left = self.pids()
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.01)
+        try:
+            os.rmdir(self.path)
+        except OSError as error:
+            logger.warning("could not remove the sandbox's cgroup %s: %s", self.path, error)
+
+
 def isolation_layers() -> dict[str, bool]:
-    """Which isolation layers this machine supports: {"namespaces": ..., "landlock": ...}."""
-    return {"namespaces": unshare_works(), "landlock": landlock_abi() > 0}
+    """Which isolation layers this machine supports: {"namespaces": ..., "landlock": ..., "pids_cgroup": ...}.
+
+    RLOO_SANDBOX_DISABLE (comma-separated layer names) switches layers off, to see what each one stops
+    (docs/rewards.md's table); the trainer's environment is not the program's to set.
+    """
+    disabled = set(os.environ.get(DISABLE_ENV, "").split(","))
+    return {"namespaces": "namespaces" not in disabled and unshare_works(),
+            "landlock": "landlock" not in disabled and landlock_abi() > 0,
+            "pids_cgroup": "pids_cgroup" not in disabled and pids_cgroup_parent()[0] is not None}
+
+
+def _log_missing_once(layers: dict[str, bool]) -> None:
+    """Say once per process which layers this machine lacks, and what that leaves open."""
+    global _missing_logged
+    with _reported:
+        if _missing_logged:
+            return
+        _missing_logged = True
+    effects = {
+        "namespaces": (f"namespaces ({probe_namespaces()[1] or DISABLE_ENV}): the program sees the host's files (Landlock limits "
+                       "reads), its network stack (UDP, unix sockets) and processes, and total disk is not bounded"),
+        "landlock": f"Landlock (kernel without it, or {DISABLE_ENV}): no second layer on file access and TCP",
+        "pids_cgroup": (f"a pids cgroup ({pids_cgroup_parent()[1] or DISABLE_ENV}): processes are bounded by RLIMIT_NPROC only"),
+    }
+    missing = [effects[name] for name, ok in layers.items() if not ok]
+    if missing:
+        logger.warning("the code sandbox runs without %s. See docs/rewards.md.", "; without ".join(missing))
 
 
 def check_isolation(allow_unisolated: bool) -> dict[str, bool]:
     """The usable layers; raises SandboxUnavailable if there are none and running anyway was not allowed."""
     layers = isolation_layers()
     allowed = allow_unisolated or os.environ.get(ALLOW_UNISOLATED_ENV, "") == "1"
-    if not any(layers.values()) and not allowed:
+    if not (layers["namespaces"] or layers["landlock"]) and not allowed:
         raise SandboxUnavailable(
-            "the code sandbox cannot isolate untrusted code on this machine: `unshare --user --net` fails (user "
-            "namespaces disabled or util-linux missing) and the kernel has no Landlock. Run training in a "
+            "the code sandbox cannot isolate untrusted code on this machine: namespaces fail "
+            f"({probe_namespaces()[1]}) and the kernel has no Landlock. Run training in a "
             "container or VM without network, then opt in with allow_unisolated=True (code_execution / "
             f"run_tests) or {ALLOW_UNISOLATED_ENV}=1; the child then only gets rlimits, a minimal environment and "
             "its own process group.")
+    _log_missing_once(layers)
     return layers
-
-
-def launcher(layers: dict[str, bool]) -> list[str]:
-    """The command prefix that starts the child inside the namespaces (empty without them)."""
-    return [shutil.which("unshare") or "unshare", *UNSHARE_FLAGS, "--"] if layers["namespaces"] else []
 
 
 def die_with_parent() -> None:
@@ -89,16 +293,16 @@ def die_with_parent() -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def readable_roots(workdir: str) -> list[str]:
-    """Directories the child may read under Landlock: system files, Python itself, its own directory."""
-    roots = {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/dev", "/proc", sys.prefix,
-             sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)), workdir}
-    return sorted(root for root in roots if os.path.isdir(root))
+def host_readable_roots(workdir: str) -> list[str]:
+    """Without namespaces, what the child may read under Landlock: system and Python directories, the dynamic
+    linker's files of /etc (not /etc/shadow), /dev, /proc, its own directory."""
+    roots = {*SYSTEM_DIRS, *ETC_FILES, "/dev", "/proc", *_python_dirs(), workdir}
+    return sorted(root for root in roots if os.path.exists(root))
 
 
 # Runs in the child before any untrusted code (part of the bootstrap; see sandbox.py).
 LANDLOCK_SOURCE = r'''
-def apply_landlock(abi, read_roots, workdir):
+def apply_landlock(abi, read_roots, write_roots):
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     fs_bits = {1: 13, 2: 14, 3: 15, 4: 15, 5: 16}.get(abi, 16)
@@ -123,41 +327,14 @@ def apply_landlock(abi, read_roots, workdir):
         os.close(fd)
 
     for root in read_roots:
-        allow(root, 0b1101)  # execute, read file, read dir
-    allow(workdir, handled_fs)
+        if os.path.exists(root):
+            allow(root, 0b1101 if os.path.isdir(root) else 0b101)  # execute, read file(, read dir)
+    for root in write_roots:
+        allow(root, handled_fs)
     allow("/dev/null", (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15))  # write, read, truncate, ioctl
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS, required to restrict oneself
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     if libc.syscall(446, ruleset, ctypes.c_uint32(0)) != 0:
         raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     os.close(ruleset)
-'''
-
-# Runs in the child, inside the namespaces, before Landlock and before any untrusted code: every
-# mount becomes read-only except the child's own directory (bound onto itself first). This is
-# what confines writes where Landlock is missing; locked flags (nosuid, nodev, atime) are kept.
-READONLY_MOUNTS_SOURCE = r'''
-def readonly_mounts(workdir):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    bind, rec, remount, rdonly = 4096, 16384, 32, 1
-    keep = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
-            "relatime": 1 << 21, "strictatime": 1 << 24}
-    if libc.mount(workdir.encode(), workdir.encode(), None, bind | rec, None) != 0:
-        raise OSError(ctypes.get_errno(), "bind-mounting the working directory")
-    os.chdir(workdir)  # onto the new mount: the old working directory stays on the soon read-only one
-    failed = []
-    with open("/proc/self/mountinfo") as table:
-        rows = [line.split() for line in table]
-    for fields in rows:
-        point = fields[4].encode().decode("unicode_escape")
-        if point == workdir or point.startswith(workdir + "/"):
-            continue
-        flags = remount | bind | rdonly
-        for option in fields[5].split(","):
-            flags |= keep.get(option, 0)
-        if libc.mount(None, point.encode(), None, flags, None) != 0:
-            failed.append(point)
-    if failed:
-        raise OSError(f"could not make these mounts read-only: {failed}")
 '''

@@ -6,12 +6,15 @@ goes to the child, never the `5`), and writes their values as data; the trainer 
 plain literals and decides every assertion itself. reward = passed / total, at most 1.0.
 
 The child is isolated by the operating system where it allows (see `isolation.py`): user,
-network, mount and pid namespaces through `unshare`, and Landlock (reads only from system and
-Python directories, writes only in its own temporary directory, no TCP, no signals out). It
-starts with a minimal environment (not the trainer's), in its own session and process group,
-with rlimits on address space, CPU time, file size, open files and process count, and dies with
-the thread that started it (PR_SET_PDEATHSIG). The whole group is killed at the timeout and at
-the end of every run. Where neither namespaces nor Landlock work, `run_tests` refuses to run
+network, IPC, UTS, pid and mount namespaces entered by the child itself, running the program as
+uid 65534 without capabilities in a root of its own (a size-limited tmpfs for its directories,
+read-only system and Python directories, nothing else of the host); a pids cgroup per run; and
+Landlock (reads only from system and Python directories, writes only in its own, no TCP, no
+signals out). It starts with a minimal environment (not the trainer's), in its own session and
+process group, with rlimits on address space, CPU time, file size, open files and process count,
+and dies with the thread that started it (PR_SET_PDEATHSIG). At the timeout and at the end of
+every run the pid namespace, the process group and the cgroup are killed. Where neither namespaces
+nor Landlock work, `run_tests` refuses to run
 (`SandboxUnavailable`) unless `allow_unisolated=True` or RLOO_SANDBOX_ALLOW_UNISOLATED=1.
 """
 
@@ -22,10 +25,12 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 from rloo.rewards import isolation
@@ -37,21 +42,20 @@ logger = logging.getLogger(__name__)
 _MAX_VALUE_CHARS = 1_000_000  # a value's repr longer than this fails rather than flooding the trainer
 
 # The child's trusted prologue: limits and Landlock are in place before any untrusted code runs.
-_BOOTSTRAP = isolation.LANDLOCK_SOURCE + isolation.READONLY_MOUNTS_SOURCE + r'''
-import json, os, resource, signal, sys
+_BOOTSTRAP = isolation.SETUP_SOURCE + isolation.LANDLOCK_SOURCE + r'''
+import resource
 
 
 def main():
     payload = json.loads(sys.stdin.read())
     channel = os.dup(1)
     try:
+        enter_sandbox(payload["sandbox"])
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails instead of killing
         for name, value in payload["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
-        if payload["readonly_mounts"]:
-            readonly_mounts(os.getcwd())
         if payload["landlock_abi"]:
-            apply_landlock(payload["landlock_abi"], payload["read_roots"], os.getcwd())
+            apply_landlock(payload["landlock_abi"], payload["read_roots"], payload["write_roots"])
     except BaseException as error:
         sys.stderr.write(f"SANDBOX_SETUP_FAILED {type(error).__name__}: {error}\n")
         os._exit(3)
@@ -127,52 +131,106 @@ def _read_records(text: str, n_tests: int) -> tuple[bool, list[dict], list[set],
     return ran, values, completed, forged
 
 
-def _child_env(workdir: str) -> dict[str, str]:
+def _child_env(home: str, tmp: str) -> dict[str, str]:
     """A minimal environment: nothing of the trainer's (tokens, paths, credentials) reaches the child."""
-    return {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+    return {"HOME": home, "TMPDIR": tmp, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
+def _child_places(layers: dict[str, bool], private: str, disk_mb: int, max_files: int):
+    """The child's setup spec, its $HOME and $TMPDIR, and where Landlock lets it read and write."""
+    if layers["namespaces"]:  # the child's directories live on a tmpfs in its own root, not on the host
+        root = os.path.join(private, "root")
+        os.mkdir(root)
+        return isolation.namespace_spec(root, disk_mb, max_files), "/work", "/tmp", *isolation.sandbox_paths()
+    home = os.path.join(private, "work")
+    os.mkdir(home)
+    return {"namespaces": False}, home, home, isolation.host_readable_roots(home), [home]
+
+
+def _send_and_wait(process: subprocess.Popen, payload: str, timeout_s: float) -> bool:
+    """Give the child its payload and wait for it to exit; False at the timeout.
+
+    Waits on a pidfd where the kernel has them: Popen.wait(timeout) polls with sleeps of up to 50 ms,
+    a delay every completion would pay."""
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(BrokenPipeError):  # a child that died at start: its status says why
+        process.stdin.write(payload)
+        process.stdin.close()
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        exited = bool(select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))[0])
+    finally:
+        os.close(pidfd)
+    if exited:
+        process.wait()
+    return exited
+
+
+def _end_namespaced_run(process: subprocess.Popen) -> None:
+    """Ask the launcher to kill the pid namespace's init; it exits once the kernel has reaped every process in it."""
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)  # a bound for a launcher that died before its handler was set: killpg follows
+
+
 def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: int = 512, *,
-              file_size_mb: int = 16, max_processes: int = 16, allow_unisolated: bool = False) -> SandboxResult:
+              file_size_mb: int = 16, disk_mb: int = 64, max_files: int = 4096, max_processes: int = 16,
+              allow_unisolated: bool = False) -> SandboxResult:
     """Run `code`, then the tests, in an isolated child; the trainer judges each test from the values it sends.
 
     Args:
         code: the program (e.g. a function definition) to test.
         tests: Python snippets, typically `assert f(2) == 4`; see `verdicts.py` for how they are judged.
-        timeout_s: wall-clock limit for the whole run; the child's process group is killed when it is reached.
-        memory_mb: address-space limit of the child.
+        timeout_s: wall-clock limit for the whole run; everything the child started is killed when it is reached.
+        memory_mb: address-space limit of each of the child's processes.
         file_size_mb: largest file the child may write (also caps what it can send back).
-        max_processes: RLIMIT_NPROC of the child (not enforced when the trainer runs as root; the pid
-            namespace still kills them all at the end).
+        disk_mb, max_files: size and file count of the tmpfs holding the child's directories (with namespaces;
+            without them only `file_size_mb` applies).
+        max_processes: processes and threads the child may have at once: the pids cgroup's limit where there is
+            one, and RLIMIT_NPROC (which binds inside the user namespace, even when the trainer is root).
         allow_unisolated: run even where neither namespaces nor Landlock work (see `isolation.py`).
     """
     layers = isolation.check_isolation(allow_unisolated)
     plans = [plan_test(test) for test in tests]
     rlimits = {"RLIMIT_AS": memory_mb * 2**20, "RLIMIT_CPU": max(1, int(timeout_s) + 1), "RLIMIT_CORE": 0,
                "RLIMIT_FSIZE": file_size_mb * 2**20, "RLIMIT_NOFILE": 256, "RLIMIT_NPROC": max_processes}
-    with tempfile.TemporaryDirectory(prefix="rloo-sandbox-") as private, \
-            tempfile.TemporaryDirectory(prefix="rloo-sandbox-work-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="rloo-sandbox-") as private:
+        sandbox, home, tmp, read_roots, write_roots = _child_places(layers, private, disk_mb, max_files)
+        cgroup = None
+        if layers["pids_cgroup"]:  # with namespaces, a launcher and an init come before the program's processes
+            cgroup = isolation.PidsCgroup(isolation.pids_cgroup_parent()[0], max_processes + 2 * layers["namespaces"])
+            sandbox["cgroup"] = cgroup.path
         payload = json.dumps({
-            "code": code, "tests": [plan.steps for plan in plans], "rlimits": rlimits,
+            "code": code, "tests": [plan.steps for plan in plans], "rlimits": rlimits, "sandbox": sandbox,
             "landlock_abi": isolation.landlock_abi() if layers["landlock"] else 0,
-            "readonly_mounts": layers["namespaces"],
-            "read_roots": isolation.readable_roots(workdir), "max_value_chars": _MAX_VALUE_CHARS})
+            "read_roots": read_roots, "write_roots": write_roots, "max_value_chars": _MAX_VALUE_CHARS})
         channel_path, errors_path = os.path.join(private, "channel"), os.path.join(private, "stderr")
-        with open(channel_path, "wb") as channel, open(errors_path, "wb") as errors:
-            process = subprocess.Popen(
-                [*isolation.launcher(layers), sys.executable, "-I", "-c", _BOOTSTRAP], cwd=workdir,
-                env=_child_env(workdir), stdin=subprocess.PIPE, stdout=channel, stderr=errors, text=True,
-                start_new_session=True, preexec_fn=isolation.die_with_parent)
-            timed_out = False
-            try:
-                process.communicate(payload, timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)  # on timeout and on exit: nothing stays behind
-                process.wait()
+        try:
+            with open(channel_path, "wb") as channel, open(errors_path, "wb") as errors:
+                process = subprocess.Popen(
+                    [sys.executable, "-I", "-c", _BOOTSTRAP], cwd=private if layers["namespaces"] else home,
+                    env=_child_env(home, tmp), stdin=subprocess.PIPE, stdout=channel, stderr=errors, text=True,
+                    start_new_session=True, preexec_fn=isolation.die_with_parent)
+                try:
+                    timed_out = not _send_and_wait(process, payload, timeout_s)
+                finally:
+                    if layers["namespaces"] and process.poll() is None:
+                        _end_namespaced_run(process)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(process.pid, signal.SIGKILL)  # on timeout and on exit: nothing stays behind
+                    process.wait()
+        finally:
+            if cgroup is not None:
+                cgroup.close()  # kills whatever left the process group (a setsid grandchild) and removes it
         with open(channel_path, "rb") as channel:
             text = channel.read(file_size_mb * 2**20).decode("utf-8", "replace")
         with open(errors_path, "rb") as errors:
