@@ -36,7 +36,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def gsm8k_rows_from(problems: list[dict], one_shot: bool) -> list[dict]:
-    from rloo.toy.gsm8k import gsm8k_prompt
+    from rloo.assets.gsm8k import gsm8k_prompt
 
     return [{"prompt": gsm8k_prompt(p["question"], one_shot), "answer": p["answer"]} for p in problems]
 
@@ -57,18 +57,18 @@ def prepare_gsm8k(local_dir: str | None) -> None:
 
 
 def prepare_code() -> None:
-    from rloo.toy.humaneval import humaneval_rows
+    from rloo.assets.humaneval import humaneval_rows
 
     for split in ("train", "test"):
         write_jsonl(DATA / "code" / f"{split}.jsonl", humaneval_rows(split))
 
 
 def prepare_tldr(local_dir: str | None) -> None:
-    """The offline TL;DR task (rloo.toy.summary_reward): GSM8K problems as posts to summarise, and the
+    """The offline TL;DR task (rloo.assets.summary_reward): GSM8K problems as posts to summarise, and the
     reward model fitted on the first 128 training posts' preference pairs (held-out pairs: posts 128-159). The
     policy trains on the training posts from 256 on and is evaluated on test posts from 64 on."""
-    from rloo.toy.smollm2 import cache_root, smollm2_folder
-    from rloo.toy.summary_reward import build_summary_reward_model, summary_prompt
+    from rloo.assets.smollm2 import cache_root, smollm2_folder
+    from rloo.assets.summary_reward import build_summary_reward_model, summary_prompt
 
     def posts(split: str) -> list[str]:
         if local_dir:
@@ -97,7 +97,7 @@ def link_model(folder: Path, name: str) -> None:
 
 
 def prepare_smollm2() -> None:
-    from rloo.toy.smollm2 import smollm2_folder
+    from rloo.assets.smollm2 import smollm2_folder
 
     link_model(smollm2_folder(), "smollm2-135m-instruct")
 

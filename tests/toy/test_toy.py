@@ -330,22 +330,23 @@ def test_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
 _IMPORT_CORE = """
 import importlib, pkgutil, sys
 import rloo, rloo.trainer, rloo.cli
-assert "rloo.toy" not in sys.modules, "importing rloo, rloo.trainer or rloo.cli imported rloo.toy"
+OUTSIDE = ("rloo.toy", "rloo.assets")
+assert not set(OUTSIDE) & set(sys.modules), "importing rloo, rloo.trainer or rloo.cli imported rloo.toy or rloo.assets"
 
-def import_all(package):  # every module below `package`, rloo.toy left out
+def import_all(package):  # every module below `package`, rloo.toy and rloo.assets left out
     for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
-        if module.name != "rloo.toy":
+        if module.name not in OUTSIDE:
             imported = importlib.import_module(module.name)
             if module.ispkg:
                 import_all(imported)
 
 import_all(rloo)
-toy = sorted(name for name in sys.modules if name == "rloo.toy" or name.startswith("rloo.toy."))
-assert not toy, f"importing the core imported {toy}"
+outside = sorted(name for name in sys.modules if name in OUTSIDE or name.startswith(tuple(o + "." for o in OUTSIDE)))
+assert not outside, f"importing the core imported {outside}"
 """
 
 
-def test_core_does_not_import_toy():
+def test_core_does_not_import_toy_or_assets():
     # In a fresh interpreter: this test process has imported rloo.toy already.
     result = subprocess.run([sys.executable, "-c", _IMPORT_CORE], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

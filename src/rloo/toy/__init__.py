@@ -1,7 +1,9 @@
 """Everything an offline RLOO demo, test or benchmark needs, built locally in seconds.
 
-No Hugging Face Hub access is needed. The toy sits outside the core: nothing in `rloo` imports it
-(except `rloo demo`, lazily), and it is built from the library's own pieces.
+No Hugging Face Hub access is needed. The real offline assets (SmolLM2, GSM8K, HumanEval, GGUF
+tokenizers) are in `rloo.assets`; this package holds the synthetic ones. The toy sits outside the
+core: nothing in `rloo` imports it (except `rloo demo`, lazily), and it is built from the library's
+own pieces.
 
 - `tokenizer`: a character-level tokenizer (`build_char_tokenizer`), one token per character,
   with a "role: content" chat template (`CHAT_TEMPLATE`).
