@@ -65,3 +65,22 @@ def test_cpu_recipe_trains_one_step_on_the_real_model(name, tmp_path, capsys):
     assert (tmp_path / "run" / "model.safetensors").is_file()
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("reward" in m for m in metrics)
+
+
+def test_prepare_reads_gsm8k_from_openai_jsonl_or_the_hub_parquet_layout(tmp_path):
+    import sys
+
+    import datasets
+
+    sys.path.insert(0, str(RECIPES))
+    import prepare
+
+    problems = [{"question": f"What is {a} + 1?", "answer": f"{a} + 1 = {a + 1}\n#### {a + 1}"} for a in range(3)]
+    (tmp_path / "jsonl").mkdir()
+    (tmp_path / "jsonl" / "test.jsonl").write_text("".join(json.dumps(p) + "\n" for p in problems))
+    (tmp_path / "hub" / "main").mkdir(parents=True)
+    datasets.Dataset.from_list(problems).to_parquet(tmp_path / "hub" / "main" / "test-00000-of-00001.parquet")
+    assert prepare.local_gsm8k(tmp_path / "jsonl", "test") == problems
+    assert prepare.local_gsm8k(tmp_path / "hub", "test") == problems
+    with pytest.raises(SystemExit, match="neither train.jsonl .* nor main/train-.*parquet"):
+        prepare.local_gsm8k(tmp_path / "hub", "train")
