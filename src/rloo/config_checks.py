@@ -52,6 +52,7 @@ TRUNCATE_PROMPTS = ("left", "error")
 SAMPLERS = ("fast", "generate", "paged", "vllm")
 VLLM_MODES = ("colocate", "server")
 NAN_POLICIES = ("skip", "stop")
+LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")  # transformers' TrainingArguments.log_level
 REWARD_ERROR_POLICIES = ("stop", "none")
 
 MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -244,6 +245,7 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
     require(dtype in MODEL_DTYPES or not isinstance(dtype, str),
             f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
     require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
+    require(c.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {c.log_level!r}.")
     require(c.reward_error_policy in REWARD_ERROR_POLICIES,
             f"reward_error_policy must be one of {REWARD_ERROR_POLICIES}, got {c.reward_error_policy!r}.")
     require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",

@@ -44,6 +44,7 @@ from rloo.run import checkpoint, evaluation, report, trainer_api
 from rloo.run.allocator import return_large_buffers_to_os
 from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics, with_trl_names
 from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, truncate_history
+from rloo.run.verbosity import set_library_verbosity
 from rloo.update import Learner, mini_batches
 
 
@@ -93,6 +94,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         reward_funcs = trainer_api.check_arguments(reward_funcs, reward_model, train_dataset, sampler)
         self.args = args = args if args is not None else RLOOConfig()
         check_output_dir(args.output_dir)  # before anything loads
+        set_library_verbosity(args.log_level)  # the libraries' progress bars and log levels
         self.accelerator = acc = builders.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)

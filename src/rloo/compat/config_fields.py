@@ -293,7 +293,6 @@ TRL_FIELDS: dict[str, Answer] = {
                                        ok=lambda v: isinstance(v, bool)),
     "include_num_input_tokens_seen": refused("no", "token counts are logged as lengths (completions/mean_length)",
                                              "leave it 'no'"),
-    "log_level": refused("passive", "rloo logs through Python's logging", "logging.getLogger('rloo').setLevel(...)"),
     "log_level_replica": refused("warning", "rloo logs through Python's logging", "logging.getLogger('rloo').setLevel(...)"),
     "disable_tqdm": not_yet(None, "hiding the progress bar from the config", "leave it unset"),
     "report_to": mapped("none", "a name, a list, 'all' or 'none' as in TRL; None and [] are 'none'", _report_to),
