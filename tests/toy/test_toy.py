@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -350,3 +351,24 @@ def test_core_does_not_import_toy_or_assets():
     # In a fresh interpreter: this test process has imported rloo.toy already.
     result = subprocess.run([sys.executable, "-c", _IMPORT_CORE], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_warm_start_with_a_target_prints_its_pace_the_expected_time_and_its_accuracy(tok, capsys):
+    data = toy.addition_dataset(128, seed=0)
+    model = toy.build_tiny_model(tok, seed=0, **TINY)
+    warm_start._train_supervised(model, tok, data, steps=40, batch_size=8, learning_rate=1e-2, seed=0, log_every=20,
+                                 target_accuracy=1.0, typical_steps=(300, 900))
+    out = capsys.readouterr().out
+    assert re.search(r"warm start: \d+\.\d\d s a step here; it usually reaches the target between steps 300 and 900, "
+                     r"about \d+-\d+ s in all \(at most 40 steps\)", out), out
+    assert re.search(r"warm start step 40/40: loss \d\.\d+, recent training accuracy \d\.\d\d of 1\.0, \d+ s", out), out
+
+
+def test_the_typical_steps_are_known_for_the_default_and_the_demo_settings_only():
+    settings = {"seed": 3, "warm_start_steps": warm_start.WARM_START_STEPS, "target_accuracy": 0.35,
+                "num_train": toy.ADDITION_NUM_TRAIN, "num_eval": 100, "batch_size": 64, "learning_rate": 5e-4,
+                "digits": 2, "model_kwargs": {}}
+    assert warm_start._typical_steps(settings) == warm_start.WARM_START_TYPICAL_STEPS
+    demo = {**settings, **warm_start.DEMO_WARM_START}
+    assert warm_start._typical_steps(demo) == warm_start.DEMO_WARM_START_TYPICAL_STEPS
+    assert warm_start._typical_steps({**demo, "learning_rate": 2e-3}) is None
