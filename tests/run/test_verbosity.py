@@ -47,21 +47,22 @@ def test_each_level_sets_the_bars_and_the_loggers():
     assert transformers.utils.logging.get_verbosity() == logging.ERROR
 
 
-def load_and_read(model_dir, rows_file):
-    transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+def load_save_and_read(model_dir, rows_file):
+    transformers.AutoModelForCausalLM.from_pretrained(model_dir).save_pretrained(model_dir.parent / "saved")
     datasets.load_dataset("json", data_files=str(rows_file), split="train", cache_dir=str(rows_file.parent / "cache"))
 
 
 @pytest.mark.parametrize("level, printed", [("passive", False), ("info", True)])
-def test_loading_a_model_and_a_dataset_prints_bars_only_when_asked(level, printed, tmp_path, make_model, capfd):
+def test_loading_and_saving_a_model_and_reading_data_print_bars_only_when_asked(level, printed, tmp_path, make_model, capfd):
     make_model().save_pretrained(tmp_path / "model")
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1="}\n')
     set_library_verbosity(level)
     capfd.readouterr()
-    load_and_read(tmp_path / "model", rows)
+    load_save_and_read(tmp_path / "model", rows)
     err = capfd.readouterr().err
-    assert ("Loading weights" in err, "Generating train split" in err) == (printed, printed), err
+    shown = ("Loading weights" in err, "Writing model shards" in err, "Generating train split" in err)
+    assert shown == (printed,) * 3, err
 
 
 def test_the_trainer_applies_its_config(tmp_path, make_model, tokenizer, digit_dataset):
