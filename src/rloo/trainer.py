@@ -272,8 +272,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             self.save_model(self.args.output_dir)
             last_metrics.update(self._log_closing(runtime, episodes, steps))
             self.callback_handler.event("on_train_end")
-        if hasattr(self.sampler, "close"):  # an engine's own process groups go before accelerate's (base.Sampler)
-            self.sampler.close()
+        getattr(self.sampler, "close", lambda: None)()  # an engine's process groups go before accelerate's (base.Sampler)
         self.accelerator.end_training()
         return trainer_api.TrainOutput(self.global_step, self._training_loss(), last_metrics)
 

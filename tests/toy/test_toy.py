@@ -15,6 +15,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from rloo import toy
 from rloo.algo.logprobs import position_ids_from_mask
 from rloo.toy import warm_start
+from rloo.toy.early_stopping import TARGET_WINDOW, sequence_exact_match
 
 # A model small enough that a few training steps take well under a second.
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
@@ -273,7 +274,7 @@ def test_greedy_accuracy_after_memorising(tok):
     # The teacher-forced form of greedy exact match that early stopping uses agrees.
     batch = warm_start._teacher_forcing_batch(tok, list(data["prompt"]), list(data["answer"]))
     logits = model(**batch, position_ids=position_ids_from_mask(batch["attention_mask"])).logits
-    assert warm_start._sequence_exact_match(logits, batch["labels"]).all()
+    assert sequence_exact_match(logits, batch["labels"]).all()
 
 
 # --- cached warm-started addition model ---------------------------------------------------------
@@ -310,7 +311,7 @@ def test_target_accuracy_stops_early(tmp_path):
     # A target of 0 is met as soon as the accuracy window is full: 256 rows, 32 batches of 8.
     toy.warm_started_addition_model(tmp_path, verbose=False, **{**SMALL, "warm_start_steps": 100, "target_accuracy": 0.0})
     (entry,) = tmp_path.iterdir()
-    assert json.loads((entry / "warm_start.json").read_text())["steps_run"] == warm_start._TARGET_WINDOW // 8
+    assert json.loads((entry / "warm_start.json").read_text())["steps_run"] == TARGET_WINDOW // 8
 
 
 def test_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ own pieces.
   `warm_started_addition_model`, a cached warm-started model for two-digit addition whose
   defaults are calibrated so that held-out greedy accuracy is partial (about 0.3): RL then has
   successes to learn from and room to improve.
+- `early_stopping`: the warm start's stop on the greedy accuracy of recent training rows.
 - `demo`: the `rloo demo` command.
 
 This package re-exports the names the tests, benchmarks and docs use; the rest (the special

@@ -13,7 +13,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,13 @@ from datasets import Dataset
 from rloo.algo.logprobs import position_ids_from_mask
 from rloo.data.prompts import tokenize_prompts
 from rloo.generation import left_pad
+from rloo.toy.early_stopping import AccuracyTarget
 from rloo.toy.greedy_accuracy import greedy_accuracy
 from rloo.toy.models import build_tiny_model, set_generation_ids
 from rloo.toy.tasks import addition_split
 from rloo.toy.tokenizer import build_char_tokenizer
 
 _WARMUP_STEPS = 20
-# Training rows (4 batches of 64) over which the early-stopping accuracy is averaged.
-_TARGET_WINDOW = 256
 
 # ---------------------------------------------------------------------------------------------
 # Supervised training
@@ -91,7 +89,7 @@ def _train_supervised(
     """`supervised_warm_start`, optionally stopping early once training rows are mostly right.
 
     With `target_accuracy`, training stops once the greedy exact-match accuracy of the last
-    `_TARGET_WINDOW` training rows, read off the logits each step computes anyway (so checking
+    `TARGET_WINDOW` training rows, read off the logits each step computes anyway (so checking
     every step is free), reaches it. With `log_every` and `typical_steps` (the range of steps at which
     the target is usually reached), the time a step takes here is measured over the warmup and the
     expected time is printed once, so that a first run says how long it will take.
@@ -100,7 +98,7 @@ def _train_supervised(
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     batches = _ShuffledBatches(len(prompts), batch_size, seed)
     optimizer, scheduler = _optimizer_with_warmup(model, learning_rate)
-    target = None if target_accuracy is None else _AccuracyTarget(target_accuracy)
+    target = None if target_accuracy is None else AccuracyTarget(target_accuracy)
     losses: list[float] = []
     start = time.perf_counter()
     model.train()
@@ -191,37 +189,6 @@ def _optimizer_step(
     return outputs
 
 
-class _AccuracyTarget:
-    """Early stopping on the greedy exact-match accuracy of the latest `_TARGET_WINDOW` training rows."""
-
-    def __init__(self, target: float) -> None:
-        self.target = target
-        self.recent: deque[bool] = deque(maxlen=_TARGET_WINDOW)
-
-    def reached(self, logits: torch.Tensor, labels: torch.Tensor) -> bool:
-        """Add a batch's rows; True once the window is full and its accuracy reaches the target."""
-        self.recent.extend(_sequence_exact_match(logits, labels).tolist())
-        return len(self.recent) == self.recent.maxlen and self.accuracy() >= self.target
-
-    def accuracy(self) -> float:
-        return sum(self.recent) / max(len(self.recent), 1)
-
-
-def _sequence_exact_match(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: every labelled token is the argmax of the logits one position before it.
-
-    For teacher-forced rows of prompt + answer + eos this is greedy exact-match accuracy without
-    a decode loop: greedy decoding emits answer + eos exactly when each of those tokens is the
-    argmax given the ones before it.
-
-    Args:
-        logits: (B, T, V) logits of the rows.
-        labels: (B, T) target ids, -100 where there is no target.
-    """
-    predicted, targets = logits[:, :-1].argmax(dim=-1), labels[:, 1:]  # position t predicts t + 1
-    return ((predicted == targets) | (targets == -100)).all(dim=1)
-
-
 # ---------------------------------------------------------------------------------------------
 # Cached warm-started addition model
 # ---------------------------------------------------------------------------------------------
@@ -242,19 +209,13 @@ WARM_START_LEARNING_RATE = 5e-4
 # looked at) reaches the target. With the defaults, seeds 0-4 stopped after 370-1050 steps
 # (30-80 s on 2 CPU cores) at held-out greedy accuracy 0.30-0.37 (seed 0: 790 steps, 60 s, 0.32).
 WARM_START_TARGET_ACCURACY = 0.35
-# The steps at which the defaults reached the target over seeds 0-4 (above): the first run prints the
-# time this range takes at the pace it measures.
-WARM_START_TYPICAL_STEPS = (370, 1050)
-# `rloo demo`'s warm start: a model of 1.0M parameters (hidden 128, MLP 512) at twice the learning rate.
-# A step costs 0.094 CPU s against the default model's 0.151 (one thread); seed 0 reaches the target in
-# 664 steps, 62 CPU s, against 790 steps, 120 CPU s, at held-out greedy accuracy 0.310 against 0.322, and
-# seeds 1 and 2 in 1202 and 811 steps (117 and 77 CPU s; held out 0.314, 0.282). The benchmarks and docs
-# keep the default model their figures were measured with.
-DEMO_WARM_START: dict[str, Any] = {
-    "learning_rate": 1e-3,
-    "model_kwargs": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 512},
-}
-DEMO_WARM_START_TYPICAL_STEPS = (650, 1200)  # seeds 0-2, above
+WARM_START_TYPICAL_STEPS = (370, 1050)  # seeds 0-4 (above); a first run prints how long this range takes
+# `rloo demo`'s: 1.0M parameters at twice the rate. A step costs 0.094 CPU s against the default's 0.151
+# (one thread); seeds 0, 1, 2 reach the target in 664, 1202, 811 steps (62, 117, 77 CPU s; held out 0.310,
+# 0.314, 0.282; the default, seed 0: 790 steps, 120 CPU s, 0.322). Benchmarks and docs keep the default.
+DEMO_WARM_START: dict[str, Any] = {"learning_rate": 1e-3, "model_kwargs": {
+    "hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 512}}
+DEMO_WARM_START_TYPICAL_STEPS = (650, 1200)  # seeds 0-2
 # Bump when the way the cached model is built changes, so that old caches are not reused.
 _CACHE_FORMAT = 2
 
@@ -381,11 +342,8 @@ def _typical_steps(settings: dict[str, Any]) -> tuple[int, int] | None:
     default = {"warm_start_steps": WARM_START_STEPS, "target_accuracy": WARM_START_TARGET_ACCURACY,
                "num_train": ADDITION_NUM_TRAIN, "batch_size": WARM_START_BATCH_SIZE,
                "learning_rate": WARM_START_LEARNING_RATE, "digits": 2, "model_kwargs": {}}
-    for calibrated, steps in ((default, WARM_START_TYPICAL_STEPS),
-                              ({**default, **DEMO_WARM_START}, DEMO_WARM_START_TYPICAL_STEPS)):
-        if all(settings[k] == v for k, v in calibrated.items()):
-            return steps
-    return None
+    known = ((default, WARM_START_TYPICAL_STEPS), ({**default, **DEMO_WARM_START}, DEMO_WARM_START_TYPICAL_STEPS))
+    return next((steps for calibrated, steps in known if all(settings[k] == v for k, v in calibrated.items())), None)
 
 
 def _load_entry(entry: Path) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
