@@ -315,6 +315,35 @@ def _(tmp_path):
     return raised(lambda: check_model_name(str(tmp_path / "weights")))
 
 
+def trainer_error(**kwargs) -> str:
+    """RLOOTrainer's refusal of its reward arguments, which comes before any model loads."""
+    from datasets import Dataset
+
+    from rloo import RLOOTrainer
+
+    rows = Dataset.from_list([{"prompt": "1+1="}] * 8)
+    return raised(lambda: RLOOTrainer(model="./no/such/model", train_dataset=rows, **kwargs))
+
+
+def zeros(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+@case("trainer_without_rewards")
+def _(tmp_path):
+    return trainer_error(reward_funcs=[], args=RLOOConfig(output_dir=str(tmp_path)))
+
+
+@case("trainer_reward_that_is_an_int")
+def _(tmp_path):
+    return trainer_error(reward_funcs=5, args=RLOOConfig(output_dir=str(tmp_path)))
+
+
+@case("trainer_reward_funcs_and_reward_model")
+def _(tmp_path):
+    return trainer_error(reward_funcs=[zeros], reward_model=[zeros], args=RLOOConfig(output_dir=str(tmp_path)))
+
+
 # --- the tests ------------------------------------------------------------------------------------
 
 BUILT = [row for row in ROWS if row["Built by"] != "see Test"]
