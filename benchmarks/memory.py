@@ -16,8 +16,8 @@ Printed per run: the growth of the resident set across `train()` (the peak RSS d
 the RSS when `train()` starts: the weights, optimizer states and data loaded before are not counted),
 and seconds per step (sampling included). A run whose RSS passes `--budget-gb` is stopped and
 reported as over budget; the longest tested completion length that fits the budget is printed per
-system. `--real` trains SmolLM2-135M-Instruct (rloo.toy.smollm2; 134.5M parameters, vocabulary 49,152)
-on GSM8K's one-shot prompts (rloo.toy.gsm8k) with a 0/1 correctness reward instead: a real model's
+system. `--real` trains SmolLM2-135M-Instruct (rloo.assets.smollm2; 134.5M parameters, vocabulary 49,152)
+on GSM8K's one-shot prompts (rloo.assets.gsm8k) with a 0/1 correctness reward instead: a real model's
 weights, optimizer states and activations, at completion length 128 by default. `--rloo-option
 KEY=VALUE` passes an RLOOConfig field to rloo's runs only (recorded with the result). TRL must be
 importable (e.g. run this with a venv that has `trl` installed); without it the TRL rows are
@@ -105,8 +105,8 @@ def real_prompts_and_reward(count: int):
     """GSM8K's first `count` training problems as one-shot prompts, and the 0/1 correctness reward."""
     from datasets import Dataset
 
+    from rloo.assets.gsm8k import gsm8k_rows
     from rloo.rewards.gsm8k import gsm8k_accuracy
-    from rloo.toy.gsm8k import gsm8k_rows
 
     rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in gsm8k_rows("train", limit=count, one_shot=True)]
     return Dataset.from_list(rows), gsm8k_accuracy
@@ -208,7 +208,7 @@ def main() -> None:
         options.lengths, options.betas = [256], [0.0]
     rloo_options = {key: yaml.safe_load(value) for key, _, value in (o.partition("=") for o in options.rloo_option)}
     if options.real:
-        from rloo.toy.smollm2 import smollm2_folder
+        from rloo.assets.smollm2 import smollm2_folder
 
         options.lengths = options.lengths if options.lengths != [256, 1024, 4096] else [128]
         model_dir = smollm2_folder()

@@ -104,9 +104,9 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rloo.assets.gsm8k import gsm8k_rows
+    from rloo.assets.smollm2 import smollm2_folder
     from rloo.model_loading import checkpoint_layers
-    from rloo.toy.gsm8k import gsm8k_rows
-    from rloo.toy.smollm2 import smollm2_folder
 
     folder = smollm2_folder()
     before = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).train()

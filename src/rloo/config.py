@@ -247,6 +247,12 @@ class RLOOConfig:
     """Print a table of sample prompts, completions and rewards every logging_steps."""
     num_completions_to_print: int = 4
     """Rows in the sample-completions table."""
+    log_level: str = "passive"
+    """How much the libraries underneath print (TRL's name). "passive" (the default) hides transformers'
+    and datasets' progress bars ("Loading weights", "Writing model shards", "Generating train split")
+    and keeps their log levels; Hub downloads keep their bars. "debug" or "info" shows every bar and sets
+    transformers', datasets' and rloo's loggers to that level; "warning", "error" or "critical" sets the
+    level and hides every bar, downloads' too. On the command line: `--log_level info`."""
     save_steps: int = 500
     """Save a resumable checkpoint every this many optimizer steps; 0 disables periodic checkpoints."""
     save_total_limit: int | None = None

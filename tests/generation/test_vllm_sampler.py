@@ -42,7 +42,8 @@ class FakeLLM:
         self.eos_id, self.one_id = eos_id, one_id
         model = SimpleNamespace(load_weights=self._load)
         self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
-            driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model))))
+            driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model))),
+            engine_core=SimpleNamespace(shutdown=lambda: self.calls.append("shutdown")))
         FakeLLM.instances.append(self)
 
     def _load(self, weights):
@@ -123,10 +124,16 @@ def test_weights_pushed_before_each_generation_after_a_step_with_sleep_between(t
     args = _args(tmp_path, vllm_enable_sleep_mode=True)
     trainer = RLOOTrainer(make_model(), length_reward, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters(remove_duplicate=False)}
+    end_training = trainer.accelerator.end_training
+    trainer.accelerator.end_training = lambda: (fake_vllm[0].calls.append("end_training"), end_training())
     metrics = trainer.train()
     llm = fake_vllm[0]
     calls = [c if isinstance(c, str) else c[0] for c in llm.calls]
-    assert calls == ["wake_up", "load_weights", "reset_prefix_cache", "generate", "sleep"] * 2
+    # The engine is shut down before accelerate destroys the process group (else vLLM's exit-time teardown
+    # of its own groups fails: "Invalid process group specified").
+    assert calls == ["wake_up", "load_weights", "reset_prefix_cache", "generate", "sleep"] * 2 + ["shutdown",
+                                                                                                   "end_training"]
+    assert trainer.sampler.engine is None
     first, second = llm.loaded
     assert set(first) == {n for n, _ in trainer.model.named_parameters(remove_duplicate=False)}
     for name, param in trainer.model.named_parameters():
@@ -231,7 +238,7 @@ def test_colocate_without_vllm_is_a_config_error(monkeypatch):
     from rloo.config import ConfigError
 
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(ConfigError, match="rloo\\[vllm\\]"):
+    with pytest.raises(ConfigError, match=r"vllm>=0.32,<0.33.*pip install -e '\.\[vllm\]'"):
         RLOOConfig(sampler="vllm")
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 
+from rloo.assets.gsm8k import gsm8k_folder, gsm8k_rows
 from rloo.cli import resolve_reward_func
 from rloo.rewards.gsm8k import extract_answer, gold_number, gsm8k_accuracy, gsm8k_format, gsm8k_thinking_accuracy
 from rloo.toy import build_char_tokenizer
-from rloo.toy.gsm8k import gsm8k_folder, gsm8k_rows
 
 GSM8K = gsm8k_folder()
 JANET = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every day.\n#### 18"

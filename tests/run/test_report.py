@@ -26,7 +26,7 @@ def run_dir(tmp_path, make_model, tokenizer, digit_dataset):
 
 
 def test_report_is_one_page_with_inline_plots_config_and_completions(run_dir, capsys):
-    pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install 'rloo[plots]')")
+    pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install matplotlib)")
     main(["report", str(run_dir)])
     page = (run_dir / "report.html").read_text()
     assert str((run_dir / "report.html").resolve()) in capsys.readouterr().out
@@ -55,7 +55,7 @@ BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil
 
 @pytest.mark.skipif(BROWSER is None, reason="no headless browser installed (Debian: apt-get install chromium)")
 def test_report_renders_in_headless_chromium(run_dir, tmp_path):
-    pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install 'rloo[plots]')")
+    pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install matplotlib)")
     main(["report", str(run_dir)])
     page = (run_dir / "report.html").read_text()
     # A copy that writes how many images decoded into the DOM, for --dump-dom to read back.

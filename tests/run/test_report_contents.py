@@ -46,7 +46,7 @@ def test_run_json_names_model_dataset_and_rewards(run_dir, tmp_path):
 
 
 def test_report_page_reads_top_to_bottom(run_dir, tmp_path):
-    pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install 'rloo[plots]')")
+    pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install matplotlib)")
     page = build_report(run_dir).read_text()
     head = page[: page.index("<h2>Training")]
     assert f"Model: {tmp_path / 'tiny-qwen2'} (Qwen2ForCausalLM" in head
@@ -81,7 +81,7 @@ def test_report_counts_and_shows_the_eval_rloo_eval_wrote(run_dir):
 
 
 def test_report_without_run_json_says_so(run_dir):
-    pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install 'rloo[plots]')")
+    pytest.importorskip("matplotlib", reason="rloo report needs matplotlib (pip install matplotlib)")
     (run_dir / "run.json").unlink()
     assert "run.json not found" in build_report(run_dir).read_text()
 

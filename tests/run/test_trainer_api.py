@@ -96,6 +96,7 @@ def test_model_card_written_and_push_fails_offline_with_advice(tmp_path, make_mo
     trainer.train()
     card = (tmp_path / "run" / "README.md").read_text()
     assert card.startswith("---") and "rloo" in card and "arxiv.org/abs/2402.14740" in card
+    assert "pypi.org" not in card  # rloo is not published there: the card links no page that does not exist
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="HF_HUB_OFFLINE.*me/tiny-rloo"):
         trainer.push_to_hub(dataset_name="digits")

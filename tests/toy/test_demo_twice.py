@@ -5,12 +5,14 @@ import pytest
 import rloo.toy.demo as demo
 from rloo.config import ConfigError
 from rloo.toy import build_char_tokenizer, build_tiny_model
+from rloo.toy.warm_start import DEMO_WARM_START
 
 
 @pytest.fixture
 def quick_demo(monkeypatch):
     """The demo with a tiny untrained model instead of the cached warm start (minutes on first use)."""
     def tiny(cache_dir, seed=0, **kwargs):
+        assert kwargs == DEMO_WARM_START  # the demo's smaller, faster warm start, whose typical steps are known
         tokenizer = build_char_tokenizer()
         return build_tiny_model(tokenizer, seed=seed, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                                 intermediate_size=64), tokenizer

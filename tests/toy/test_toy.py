@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from rloo import toy
 from rloo.algo.logprobs import position_ids_from_mask
 from rloo.toy import warm_start
+from rloo.toy.early_stopping import TARGET_WINDOW, sequence_exact_match
 
 # A model small enough that a few training steps take well under a second.
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
@@ -272,7 +274,7 @@ def test_greedy_accuracy_after_memorising(tok):
     # The teacher-forced form of greedy exact match that early stopping uses agrees.
     batch = warm_start._teacher_forcing_batch(tok, list(data["prompt"]), list(data["answer"]))
     logits = model(**batch, position_ids=position_ids_from_mask(batch["attention_mask"])).logits
-    assert warm_start._sequence_exact_match(logits, batch["labels"]).all()
+    assert sequence_exact_match(logits, batch["labels"]).all()
 
 
 # --- cached warm-started addition model ---------------------------------------------------------
@@ -309,7 +311,7 @@ def test_target_accuracy_stops_early(tmp_path):
     # A target of 0 is met as soon as the accuracy window is full: 256 rows, 32 batches of 8.
     toy.warm_started_addition_model(tmp_path, verbose=False, **{**SMALL, "warm_start_steps": 100, "target_accuracy": 0.0})
     (entry,) = tmp_path.iterdir()
-    assert json.loads((entry / "warm_start.json").read_text())["steps_run"] == warm_start._TARGET_WINDOW // 8
+    assert json.loads((entry / "warm_start.json").read_text())["steps_run"] == TARGET_WINDOW // 8
 
 
 def test_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
@@ -330,22 +332,44 @@ def test_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
 _IMPORT_CORE = """
 import importlib, pkgutil, sys
 import rloo, rloo.trainer, rloo.cli
-assert "rloo.toy" not in sys.modules, "importing rloo, rloo.trainer or rloo.cli imported rloo.toy"
+OUTSIDE = ("rloo.toy", "rloo.assets")
+assert not set(OUTSIDE) & set(sys.modules), "importing rloo, rloo.trainer or rloo.cli imported rloo.toy or rloo.assets"
 
-def import_all(package):  # every module below `package`, rloo.toy left out
+def import_all(package):  # every module below `package`, rloo.toy and rloo.assets left out
     for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
-        if module.name != "rloo.toy":
+        if module.name not in OUTSIDE:
             imported = importlib.import_module(module.name)
             if module.ispkg:
                 import_all(imported)
 
 import_all(rloo)
-toy = sorted(name for name in sys.modules if name == "rloo.toy" or name.startswith("rloo.toy."))
-assert not toy, f"importing the core imported {toy}"
+outside = sorted(name for name in sys.modules if name in OUTSIDE or name.startswith(tuple(o + "." for o in OUTSIDE)))
+assert not outside, f"importing the core imported {outside}"
 """
 
 
-def test_core_does_not_import_toy():
+def test_core_does_not_import_toy_or_assets():
     # In a fresh interpreter: this test process has imported rloo.toy already.
     result = subprocess.run([sys.executable, "-c", _IMPORT_CORE], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_warm_start_with_a_target_prints_its_pace_the_expected_time_and_its_accuracy(tok, capsys):
+    data = toy.addition_dataset(128, seed=0)
+    model = toy.build_tiny_model(tok, seed=0, **TINY)
+    warm_start._train_supervised(model, tok, data, steps=40, batch_size=8, learning_rate=1e-2, seed=0, log_every=20,
+                                 target_accuracy=1.0, typical_steps=(300, 900))
+    out = capsys.readouterr().out
+    assert re.search(r"warm start: \d+\.\d\d s a step here; it usually reaches the target between steps 300 and 900, "
+                     r"about \d+-\d+ s in all \(at most 40 steps\)", out), out
+    assert re.search(r"warm start step 40/40: loss \d\.\d+, recent training accuracy \d\.\d\d of 1\.0, \d+ s", out), out
+
+
+def test_the_typical_steps_are_known_for_the_default_and_the_demo_settings_only():
+    settings = {"seed": 3, "warm_start_steps": warm_start.WARM_START_STEPS, "target_accuracy": 0.35,
+                "num_train": toy.ADDITION_NUM_TRAIN, "num_eval": 100, "batch_size": 64, "learning_rate": 5e-4,
+                "digits": 2, "model_kwargs": {}}
+    assert warm_start._typical_steps(settings) == warm_start.WARM_START_TYPICAL_STEPS
+    demo = {**settings, **warm_start.DEMO_WARM_START}
+    assert warm_start._typical_steps(demo) == warm_start.DEMO_WARM_START_TYPICAL_STEPS
+    assert warm_start._typical_steps({**demo, "learning_rate": 2e-3}) is None

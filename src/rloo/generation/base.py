@@ -52,7 +52,11 @@ class SamplingSettings:
 
 @runtime_checkable
 class Sampler(Protocol):
-    """Draws `num_generations` completions for each prompt from `model`."""
+    """Draws `num_generations` completions for each prompt from `model`.
+
+    A sampler may also have `close()`, which `train()` calls when it ends, before accelerate tears the
+    process group down: an engine with process groups of its own (vLLM's) is shut down there, in the
+    order it needs. A later `sample` builds the engine again."""
 
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
         """Token ids of N prompts in, a `SampledBatch` of N * K rows out (groups contiguous)."""

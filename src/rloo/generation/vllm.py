@@ -185,6 +185,14 @@ class ColocatedEngine:
         if self.sleep_mode:
             self.llm.sleep(level=1)
 
+    def shutdown(self):
+        """Shut the engine down now: its workers, its process groups, and the default group when it set that
+        up. Left to vLLM's exit-time finalizer, this runs after accelerate's end_training() has destroyed the
+        default group, and vLLM's teardown of its own groups then fails ("Invalid process group specified")."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
     def wake_up(self):
         if self.sleep_mode:
             self.llm.wake_up()
@@ -211,6 +219,13 @@ class VLLMSampler(SamplingSettings):
         snapshot, and `sample` pushes whenever the engine holds another module's weights."""
         if self._loaded is None or self._loaded() is model:
             self._stale = True
+
+    def close(self) -> None:
+        """Shut the engine down (train() calls this at its end, base.Sampler); the next `sample` builds another."""
+        with self._lock:
+            if self.engine is not None and hasattr(self.engine, "shutdown"):
+                self.engine.shutdown()
+            self.engine, self._loaded, self._stale = None, None, True
 
     def prepare(self, model: torch.nn.Module) -> None:
         """Build the engine now (from this thread: vLLM sets signal handlers only in the main thread)."""

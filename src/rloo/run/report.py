@@ -260,7 +260,8 @@ def draw_panels(train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> tup
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("rloo report draws with matplotlib: pip install 'rloo[plots]' (or matplotlib).") from None
+        raise ImportError("rloo report draws with matplotlib: pip install matplotlib (from a clone of the repository: "
+                          "pip install -e '.[plots]').") from None
     matplotlib.use("Agg")  # no display: draw to memory
     import matplotlib.pyplot as plt
 

@@ -216,7 +216,7 @@ def write_model_card(output_dir: str | Path, args: Any, model_name: str | None, 
         f"# {Path(output_dir).name}",
         "",
         f"Trained from `{model_name or 'a local model'}` with RLOO (REINFORCE Leave-One-Out) using "
-        f"[rloo](https://pypi.org/project/rloo/) {__version__}"
+        f"rloo {__version__}"
         + (f" on `{dataset_name}`." if dataset_name else "."),
         "",
         "## Training",

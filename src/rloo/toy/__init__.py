@@ -1,7 +1,9 @@
 """Everything an offline RLOO demo, test or benchmark needs, built locally in seconds.
 
-No Hugging Face Hub access is needed. The toy sits outside the core: nothing in `rloo` imports it
-(except `rloo demo`, lazily), and it is built from the library's own pieces.
+No Hugging Face Hub access is needed. The real offline assets (SmolLM2, GSM8K, HumanEval, GGUF
+tokenizers) are in `rloo.assets`; this package holds the synthetic ones. The toy sits outside the
+core: nothing in `rloo` imports it (except `rloo demo`, lazily), and it is built from the library's
+own pieces.
 
 - `tokenizer`: a character-level tokenizer (`build_char_tokenizer`), one token per character,
   with a "role: content" chat template (`CHAT_TEMPLATE`).
@@ -16,6 +18,7 @@ No Hugging Face Hub access is needed. The toy sits outside the core: nothing in 
   `warm_started_addition_model`, a cached warm-started model for two-digit addition whose
   defaults are calibrated so that held-out greedy accuracy is partial (about 0.3): RL then has
   successes to learn from and room to improve.
+- `early_stopping`: the warm start's stop on the greedy accuracy of recent training rows.
 - `demo`: the `rloo demo` command.
 
 This package re-exports the names the tests, benchmarks and docs use; the rest (the special

@@ -2,7 +2,7 @@
 
 import torch
 
-from rloo.toy.summary_reward import INSTRUCTION, fit_score_head, preference_pairs, question_sentence
+from rloo.assets.summary_reward import INSTRUCTION, fit_score_head, preference_pairs, question_sentence
 
 POSTS = ["Ann has 3 cats. Each cat eats 2 cans a day. How many cans do the cats eat in a week?",
          "A train leaves at 3 pm and travels for 2 hours. At what time does it arrive?"]

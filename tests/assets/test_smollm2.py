@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from rloo.toy.smollm2 import INSTALL_HINT, smollm2_available, smollm2_folder
+from rloo.assets.smollm2 import INSTALL_HINT, smollm2_available, smollm2_folder
 
 if not smollm2_available():
     if os.environ.get("CI") == "true":

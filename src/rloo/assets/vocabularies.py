@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from rloo.toy.smollm2 import cache_root
+from rloo.assets.smollm2 import cache_root
 
 SDIST = "llama_cpp_python-0.3.36.tar.gz"
 DOWNLOAD_HINT = ("pip install gguf && pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 "
