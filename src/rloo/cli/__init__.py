@@ -44,6 +44,7 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
     from rloo import builders, model_loading
     from rloo.data.loading import first_rows, load_prompt_dataset
     from rloo.run import run_dir, trainer_api
+    from rloo.run.verbosity import set_library_verbosity
     from rloo.trainer import RLOOTrainer
 
     if resume is None and not config.overwrite_output_dir:
