@@ -5,7 +5,10 @@
 #      vocabularies (the llama-cpp-python source archive, downloaded once into ~/.cache/rloo/tokenizers);
 #   2. the linter;
 #   3. the main suite; with CI=true a missing asset fails a test instead of skipping it;
-#   4. the vLLM tier: rloo's vLLM tests against vLLM's CPU engine in a cached venv of its own.
+#   4. the vLLM tier: rloo's vLLM tests against vLLM's CPU engine in a cached venv of its own;
+#   5. the lower-bounds tier: a chosen part of the suite against the oldest releases pyproject.toml declares
+#      (transformers 5.17, accelerate 1.15, datasets 4.7, peft 0.18) in a cached venv of its own: 98 tests,
+#      78 s of pytest (2 min with the venv check) on 2 busy cores once the venv is built; a cold build adds a few minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI="${CI:-true}"
@@ -17,3 +20,4 @@ fi
 python -m ruff check src tests benchmarks
 python -m pytest -q
 bash scripts/test_vllm.sh
+bash scripts/test_lower_bounds.sh

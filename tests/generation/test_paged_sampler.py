@@ -74,7 +74,7 @@ def test_eos_ends_completions_and_logprobs_are_the_models(make_model, tokenizer)
 def test_the_kv_cache_is_sized_for_the_call_not_from_free_memory(make_model, tokenizer):
     """transformers sizes the cache from free memory unless told (60% of free RAM on CPU: 14 GB for this tiny
     model on a 24 GB machine, benchmarks/paged_cache_memory.py); the sampler asks for the call's need."""
-    from rloo.generation.paged import cache_blocks
+    from rloo.generation.paged import PAGE_SIZE_ARGUMENT, cache_blocks
 
     model = make_model()
     seen = []
@@ -88,7 +88,8 @@ def test_the_kv_cache_is_sized_for_the_call_not_from_free_memory(make_model, tok
     prompts = _prompts(tokenizer, ["1+2=", "12+34=", "7="])  # 4, 6 and 2 tokens
     PagedSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=30).sample(model, prompts, 4)
     # page 32: ceil(34/32) + ceil(36/32) + ceil(32/32) = 2 + 2 + 1 blocks per fork, 4 forks each
-    assert (seen[0].page_size, seen[0].num_blocks, seen[0].max_batch_tokens) == (32, 20, 2048)
+    page_size = getattr(seen[0], PAGE_SIZE_ARGUMENT)  # "block_size" on transformers 5.17
+    assert (page_size, seen[0].num_blocks, seen[0].max_batch_tokens) == (32, 20, 2048)
     assert cache_blocks([[1] * 40], forks=3, max_new_tokens=100, page_size=32) == 15  # ceil(140/32) = 5, x 3
 
 

@@ -5,7 +5,8 @@ prefilled KV blocks; finished requests leave the batch and free their blocks at 
 decoding padding until the longest completion ends. Works on CPU (tested against the model's exact
 distribution in tests/generation/test_paged_sampler.py); its real gains are on GPUs with many long, uneven
 completions. Greedy decoding cannot fork (transformers refuses num_return_sequences > 1 without
-sampling), so there each prompt is sent K times.
+sampling), so there each prompt is sent K times; so it is on transformers older than 5.24, whose generate_batch
+returns only the parent of a forked request (FORKS_RETURNED).
 
 The KV cache is sized for the call's requests: `num_blocks` holds every completion at full length with
 its own copy of its prompt (an upper bound: forks share the prompt's blocks), in blocks of PAGE_SIZE
@@ -18,10 +19,13 @@ benchmarks/paged_cache_memory.py).
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -29,6 +33,14 @@ from rloo.generation.base import SampledBatch, SamplingSettings, batch_from_toke
 
 PAGE_SIZE = 32  # tokens per KV block (transformers' default, 256, would give each short completion 256)
 MAX_BATCH_TOKENS = 2048  # tokens per forward pass; the attention masks grow with it times the cache's tokens
+# The KV block size's keyword: "block_size" in transformers 5.17 (the lower bound rloo supports), "page_size" in
+# 5.24, which keeps "block_size" as an alias.
+PAGE_SIZE_ARGUMENT = "page_size" if "page_size" in inspect.signature(ContinuousBatchingConfig).parameters else "block_size"
+# Whether generate_batch returns a forked request's children (num_return_sequences > 1). transformers 5.17 forks
+# them but returns only the parent of each request; 5.24 returns every child. Where it does not, each prompt is
+# sent K times instead: the same distribution, and the engine still shares the prompt's KV blocks
+# (allow_block_sharing).
+FORKS_RETURNED = Version(transformers.__version__) >= Version("5.24")
 
 
 @dataclass
@@ -46,15 +58,15 @@ class PagedSampler(SamplingSettings):
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
-        forks = num_generations if self.do_sample else 1
-        requests = prompts if self.do_sample else [p for p in prompts for _ in range(num_generations)]
+        forks = num_generations if self.do_sample and FORKS_RETURNED else 1
+        requests = prompts if forks > 1 else [p for p in prompts for _ in range(num_generations)]
         config = GenerationConfig(
             do_sample=self.do_sample, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p or None, **self.generation_kwargs,
             num_return_sequences=forks, max_new_tokens=self.max_new_tokens,
             eos_token_id=list(self.eos_token_ids), pad_token_id=self.pad_token_id,
         )
-        cache = ContinuousBatchingConfig(return_logprobs=self.return_logprobs, page_size=PAGE_SIZE,
+        cache = ContinuousBatchingConfig(return_logprobs=self.return_logprobs, **{PAGE_SIZE_ARGUMENT: PAGE_SIZE},
                                          max_batch_tokens=MAX_BATCH_TOKENS,
                                          num_blocks=cache_blocks(requests, forks, self.max_new_tokens, PAGE_SIZE))
         was_training = model.training
