@@ -126,9 +126,10 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": []}
     was_training = collector.model.training
     collector.model.eval()
-    # One tick per batch of prompts, on the main process; it counts every process's prompts.
+    # One tick per batch of prompts, on the main process; it counts every process's prompts. At position 0
+    # (over the training bar, which redraws at its next step): a nested bar would move the cursor with escapes.
     progress = tqdm(total=len(dataset), unit="prompt", desc=f"eval ({num_generations} completions each)",
-                    disable=acc.process_index != 0, dynamic_ncols=True, leave=False)
+                    disable=acc.process_index != 0, dynamic_ncols=True, leave=False, position=0)
     for start in range(0, per_process, prompts_per_batch):
         rows = select_rows(dataset, indices[start : start + prompts_per_batch])
         batch_size = min(prompts_per_batch, per_process - start)  # the same on every process
