@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 import transformers
 from datasets import Dataset
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 ORG = "trl-internal-testing"
 REVISION = "0" * 39 + "1"  # the snapshot name the cache's refs/main points at
-BUILD_VERSION = "3"  # bump when a stand-in changes, so that cached copies are rebuilt
+BUILD_VERSION = "4"  # bump when a stand-in changes, so that cached copies are rebuilt
 
 CHATML = (
     "{% for message in messages %}"
@@ -55,6 +55,7 @@ class TokenizerSpec:
     bos: str | None = None
     add_bos: bool = False
     chat_template: str = CHATML
+    named: dict[str, str] = field(default_factory=dict)  # attribute -> token, e.g. image_token (read by processors)
 
 
 QWEN25 = TokenizerSpec(151665, {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645},
@@ -112,7 +113,10 @@ def build_tokenizer(spec: TokenizerSpec) -> transformers.PreTrainedTokenizerFast
     extra = [t for t in spec.specials if t not in (spec.eos, spec.pad, spec.bos)]
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=spec.eos, pad_token=spec.pad, bos_token=spec.bos,
-        additional_special_tokens=extra, model_max_length=131072, clean_up_tokenization_spaces=False)
+        additional_special_tokens=extra, model_max_length=131072, clean_up_tokenization_spaces=False,
+        **({"extra_special_tokens": spec.named} if spec.named else {}))
+    if spec.named:  # transformers 5 keeps the named tokens in place of additional_special_tokens: add those back
+        tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in extra], special_tokens=True)
     if spec.add_bos:
         from tokenizers import processors
 
@@ -254,12 +258,14 @@ def zen_lines() -> list[str]:
     return [line for line in text.splitlines()[1:] if line.strip()]
 
 
+def zen_prompts() -> list[str]:
+    """The first half of each aphorism."""
+    return [" ".join(line.split()[: max(1, len(line.split()) // 2)]) for line in zen_lines()]
+
+
 def zen_datasets() -> dict[str, dict[str, Dataset]]:
     """The prompt-only configurations of the test data set: each prompt is the first half of an aphorism."""
-    prompts = []
-    for line in zen_lines():
-        words = line.split()
-        prompts.append(" ".join(words[: max(1, len(words) // 2)]))
+    prompts = zen_prompts()
     standard = Dataset.from_dict({"prompt": prompts})
     conversational = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts]})
     out = {}
@@ -279,11 +285,23 @@ def build_hub_cache(root: Path) -> Path:
         build_model(standin, repo / "snapshots" / REVISION)
         (repo / "refs").mkdir(parents=True, exist_ok=True)
         (repo / "refs" / "main").write_text(REVISION)
-    for config_name, splits in zen_datasets().items():
-        for split, data in splits.items():
-            path = root / "datasets" / "zen" / config_name / f"{split}.parquet"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            data.to_parquet(str(path))
+    from vlm_standins import VLM_STANDINS, build_vlm, buildable, zen_image_datasets
+
+    for standin in VLM_STANDINS:
+        if not buildable(standin):  # its test then fails to load it, under TRL and rloo alike
+            print(f"stand-in {standin.name} not built: its processor needs {', '.join(standin.needs)}")
+            continue
+        repo = root / "hub" / f"models--{ORG}--{standin.name}"
+        build_vlm(standin, repo / "snapshots" / REVISION)
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(REVISION)
+    data_sets = {"zen": zen_datasets(), **zen_image_datasets(zen_prompts())}
+    for repo_name, configs in data_sets.items():
+        for config_name, splits in configs.items():
+            for split, data in splits.items():
+                path = root / "datasets" / repo_name / config_name / f"{split}.parquet"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                data.to_parquet(str(path))
     marker.write_text("ok\n")
     return root
 

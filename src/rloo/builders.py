@@ -17,7 +17,7 @@ from rloo import model_loading
 from rloo.algo.lean_activations import lean_activations
 from rloo.config import ConfigError, RLOOConfig
 from rloo.data.schedule import PromptSchedule
-from rloo.dist import accelerate_internals, deepspeed_setup
+from rloo.dist import accelerate_internals, deepspeed_setup, sharding
 from rloo.dist.launch import check_launch
 from rloo.dist.sharding import check_supported
 from rloo.generation import FastSampler, GenerateSampler, Sampler
@@ -240,7 +240,7 @@ def default_sampler(args: RLOOConfig, tokenizer: Any, model: torch.nn.Module | N
     if args.sampler == "paged":
         from rloo.generation.paged import PagedSampler
 
-        return PagedSampler(**common)
+        return PagedSampler(**common, cache_config=args.transformers_continuous_batching_config)
     sampler_class = FastSampler if args.sampler == "fast" else GenerateSampler
     return sampler_class(**common)
 
@@ -257,3 +257,25 @@ def build_rewards(args: RLOOConfig, reward_funcs: Any, reward_processing_classes
     if len(weights) != len(functions):
         raise ConfigError(f"reward_weights has {len(weights)} weights for {len(functions)} reward functions.")
     return functions, weights
+
+
+def check_run_options(args: RLOOConfig, accelerator: Accelerator, reference: torch.nn.Module | None,
+                      eval_dataset: Any) -> None:
+    """Options that need this run's processes, models or data: async_rollouts runs in one process;
+    eval_on_start evaluates the eval_dataset; sync_ref_model (TR-DPO) moves a separate reference copy
+    toward the policy, so it needs one."""
+    if args.async_rollouts and accelerator.num_processes > 1:
+        raise ConfigError("async_rollouts runs in one process (its sampler takes no part in collective "
+                          "calls); launch one process or set async_rollouts=False.")
+    if args.eval_on_start and eval_dataset is None:
+        raise ConfigError("eval_on_start=True evaluates before the first step, and this trainer has no "
+                          "eval_dataset; pass RLOOTrainer(eval_dataset=...) or leave eval_on_start False.")
+    if not args.sync_ref_model:
+        return
+    if reference is None:
+        raise ConfigError("sync_ref_model=True needs a reference model to sync, and this run has none: beta=0 "
+                          "(no KL) or a peft_config (the reference is the policy with adapters off). Set beta > 0 "
+                          "and train without LoRA, or leave sync_ref_model False.")
+    if sharding.zero_stage(accelerator) == 3:
+        raise ConfigError("sync_ref_model=True is not available under DeepSpeed ZeRO-3 in rloo; use FSDP2 or "
+                          "ZeRO-2, or leave sync_ref_model False.")

@@ -106,6 +106,10 @@ class RLOOConfig:
     log-probs and gradients up to float rounding at about the same speed, a third less activation
     memory on SmolLM2-135M (docs/memory.md). Module classes that compute something else keep their
     own forward (src/rloo/algo/lean_activations.py). Off: autograd keeps what each op saves."""
+    torch_empty_cache_steps: int | None = None
+    """Every this many optimizer steps, give the accelerator's cached free memory back to the device
+    (`torch.cuda.empty_cache()` and its kin, through accelerate), as TRL does: a lower peak of reserved
+    memory for some speed. Nothing to give back on CPU. None: never."""
     shared_prefix_forward: bool = False
     """Training forward with each distinct prompt of a micro-batch run once and its completions on
     copies of its KV cache (kept in the autograd graph): the same log-probs and gradients as running
@@ -167,6 +171,11 @@ class RLOOConfig:
     and decodes in a lean loop (rloo.decoding.FastSampler); "generate" calls Hugging Face
     `generate` (slower, the reference). Both draw from the same distribution. "paged" uses
     transformers' continuous batching (`generate_batch`), "vllm" a vLLM engine (see vllm_mode)."""
+    transformers_continuous_batching_config: dict[str, Any] | None = None
+    """With sampler="paged": keyword arguments for transformers' `ContinuousBatchingConfig` (TRL's name), over
+    rloo's own sizing (page_size 32, max_batch_tokens 2048, num_blocks for the call's completions at full
+    length; rloo/generation/paged.py). Giving max_memory_percent or num_blocks hands the cache's size back to
+    transformers' rule. return_logprobs is rloo's to set. None: rloo's sizing."""
     stop_strings: list[str] | None = None
     """Strings that end a completion: it is cut after the first one (the string kept, as
     generate(stop_strings=...) does) and counts as ended, like EOS. Matched on decoded text after
@@ -243,6 +252,10 @@ class RLOOConfig:
     # --- logging and saving ---
     logging_steps: int = 10
     """Log metrics every this many optimizer steps (and at the last step)."""
+    logging_first_step: bool = False
+    """Log the first optimizer step too, whatever logging_steps is (TRL's name)."""
+    disable_tqdm: bool | None = None
+    """Hide the progress bar (TRL's name). None or False: shown on the main process."""
     log_completions: bool = False
     """Print a table of sample prompts, completions and rewards every logging_steps."""
     num_completions_to_print: int = 4
@@ -257,9 +270,16 @@ class RLOOConfig:
     """Save a resumable checkpoint every this many optimizer steps; 0 disables periodic checkpoints."""
     save_total_limit: int | None = None
     """Keep at most this many checkpoints, deleting the oldest; None keeps all."""
+    save_only_model: bool = False
+    """Checkpoints hold the weights (and tokenizer and config) only, not the optimizer, scheduler and RNG state
+    (TRL's name): much smaller, but a run cannot resume from them; resuming refuses, naming this field. Load
+    one with from_pretrained, or start a new run from it as a model."""
     eval_steps: int = 0
     """With an eval_dataset, score sampled completions of its prompts every this many optimizer
     steps (eval/reward); 0 evaluates only at the end of training."""
+    eval_on_start: bool = False
+    """With an eval_dataset, evaluate once before the first optimizer step too (a resumed run: at the step it
+    resumes from), a baseline and a check that evaluation works (TRL's name)."""
 
     # --- eval ---
     num_generations_eval: int | None = None

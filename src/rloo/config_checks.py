@@ -129,6 +129,29 @@ def _check_generation(c: RLOOConfig) -> None:
     require(0 < c.top_p <= 1, f"top_p must be in (0, 1], got {c.top_p!r}.")
     require(isinstance(c.top_k, int) and c.top_k >= 0, f"top_k must be an integer >= 0 (0 disables), got {c.top_k!r}.")
     require(c.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {c.sampler!r}.")
+    _check_continuous_batching_config(c.transformers_continuous_batching_config)
+    require(c.transformers_continuous_batching_config is None or c.sampler == "paged",
+            f"transformers_continuous_batching_config configures transformers' continuous batching, which only "
+            f"sampler='paged' uses (TRL: use_transformers_continuous_batching=True); sampler={c.sampler!r} would ignore "
+            f"it. Set sampler='paged', or leave the config unset.")
+
+
+def _check_continuous_batching_config(value: Any) -> None:
+    """transformers_continuous_batching_config: None or a mapping of ContinuousBatchingConfig's own field names."""
+    if value is None:
+        return
+    require(isinstance(value, dict),
+            f"transformers_continuous_batching_config must be a mapping of ContinuousBatchingConfig arguments "
+            f"(e.g. {{'page_size': 64}}) or unset, got {value!r}.")
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    known = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+    unknown = sorted(set(value) - known)
+    require(not unknown, f"transformers_continuous_batching_config keys {unknown} are not arguments of transformers' "
+                         f"ContinuousBatchingConfig; it takes {sorted(known)}.")
+    require("return_logprobs" not in value,
+            "transformers_continuous_batching_config['return_logprobs'] is set by rloo's paged sampler (it asks for "
+            "the engine's log-probs only where the trainer uses them); leave it out.")
 
 
 def _check_algorithm(c: RLOOConfig) -> None:
@@ -225,6 +248,9 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
     require(c.save_total_limit is None or c.save_total_limit >= 1,
             f"save_total_limit must be >= 1 or unset, got {c.save_total_limit!r}.")
     require(c.eval_steps >= 0, f"eval_steps must be >= 0, got {c.eval_steps!r}.")
+    require(c.torch_empty_cache_steps is None or c.torch_empty_cache_steps >= 1,
+            f"torch_empty_cache_steps must be a positive integer (optimizer steps between emptying the device's "
+            f"memory cache) or unset, got {c.torch_empty_cache_steps!r}.")
     require(c.num_generations_eval is None or (isinstance(c.num_generations_eval, int) and c.num_generations_eval >= 1),
             f"num_generations_eval must be an integer >= 1 or unset (num_generations), got {c.num_generations_eval!r}.")
     weights = c.reward_weights

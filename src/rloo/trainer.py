@@ -41,8 +41,8 @@ from rloo.rollout import Rollout, RolloutCollector, Samples
 from rloo.rollout.async_rollouts import AsyncRollouts
 from rloo.rollout.dynamic_sampling import DynamicSampler, zero_spread_message
 from rloo.run import checkpoint, evaluation, report, trainer_api
-from rloo.run.allocator import return_large_buffers_to_os
-from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, rollout_metrics, with_trl_names
+from rloo.run.allocator import empty_device_cache_every, return_large_buffers_to_os
+from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, log_due, rollout_metrics, with_trl_names
 from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, truncate_history
 from rloo.run.run_lock import lock_output_dir
 from rloo.run.safe_text import visible
@@ -136,23 +136,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self._claimed_output_dir = False
         self._attach_callbacks(callbacks)
         self._expose_trl_attributes()
-        self._check_run_options()
-
-    def _check_run_options(self) -> None:
-        """Options that need this run's processes or models: async_rollouts runs in one process;
-        sync_ref_model (TR-DPO) moves a separate reference copy toward the policy, so it needs one."""
-        if self.args.async_rollouts and self.accelerator.num_processes > 1:
-            raise ConfigError("async_rollouts runs in one process (its sampler takes no part in collective "
-                              "calls); launch one process or set async_rollouts=False.")
-        if not self.args.sync_ref_model:
-            return
-        if self.reference is None:
-            raise ConfigError("sync_ref_model=True needs a reference model to sync, and this run has none: beta=0 "
-                              "(no KL) or a peft_config (the reference is the policy with adapters off). Set beta > 0 "
-                              "and train without LoRA, or leave sync_ref_model False.")
-        if sharding.zero_stage(self.accelerator) == 3:
-            raise ConfigError("sync_ref_model=True is not available under DeepSpeed ZeRO-3 in rloo; use FSDP2 or "
-                              "ZeRO-2, or leave sync_ref_model False.")
+        builders.check_run_options(args, acc, self.reference, eval_dataset)
 
     def _sync_reference(self) -> None:
         """Every ref_model_sync_steps optimizer steps: reference <- (1 - alpha) * reference + alpha * policy."""
@@ -211,16 +195,12 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         args, acc = self.args, self.accelerator
         start_rollout = self._resume(resume_from_checkpoint)
         train_start, start_episode, start_step = time.perf_counter(), self.episode, self.global_step
-        self.logger.start(args.to_dict(), args.run_name)
-        self._write_run_card()
-        self.model.train()
+        control = self._begin()
         window = MetricsWindow()
         last_metrics: dict[str, float] = {}
         progress = tqdm(total=self.total_steps, initial=self.global_step, desc="RLOO",
-                        disable=not acc.is_main_process, dynamic_ncols=True)
+                        disable=not acc.is_main_process or bool(args.disable_tqdm), dynamic_ncols=True)
         window_start, window_episodes = time.perf_counter(), 0
-        self.callback_handler.advance(self.global_step, self.epoch, self.episode)
-        control = self.callback_handler.event("on_train_begin")
 
         for rollout_index in range(start_rollout, self.num_rollouts):
             rollout, samples, refill_stats = self._collect_rollout(self._rows(rollout_index), rollout_index)  # steps 1-4
@@ -235,6 +215,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                 step_stats = self.learner.step(mini_batch)
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
+                empty_device_cache_every(self.global_step, args.torch_empty_cache_steps)
                 self._sync_reference()
                 self.callback_handler.advance(self.global_step, self.epoch, self.episode)
                 control = self.callback_handler.event("on_step_end")
@@ -243,7 +224,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                 progress.set_postfix(reward=f"{rollout_stats['reward']:.3f}")
 
                 is_last = self.global_step >= self.total_steps or control.should_training_stop
-                if self.global_step % args.logging_steps == 0 or is_last:  # step 6
+                if log_due(self.global_step, args, is_last):  # step 6
                     elapsed = time.perf_counter() - window_start
                     last_metrics = self._log(window.mean_and_reset(), window_episodes / max(elapsed, 1e-9),
                                              samples, rollout)
@@ -265,6 +246,18 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         progress.close()
         return self._finish(last_metrics, time.perf_counter() - train_start, self.episode - start_episode,
                             self.global_step - start_step)
+
+    def _begin(self) -> Any:
+        """Before the first step: trackers, the run card, on_train_begin, and eval_on_start's baseline (a resumed
+        run's at the step it resumes from); returns the callbacks' TrainerControl."""
+        self.logger.start(self.args.to_dict(), self.args.run_name)
+        self._write_run_card()
+        self.model.train()
+        self.callback_handler.advance(self.global_step, self.epoch, self.episode)
+        control = self.callback_handler.event("on_train_begin")
+        if self.args.eval_on_start:
+            self._log_eval()
+        return control
 
     def _finish(self, last_metrics: dict[str, float], runtime: float, episodes: int, steps: int
                 ) -> trainer_api.TrainOutput:
@@ -337,8 +330,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.stopped_by = signal_name or "a signal on another process"
         if self.accelerator.is_main_process:
             tqdm.write(visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
-                               f"checkpoint saved to {path}. Resume with the same command and "
-                               f"--resume_from_checkpoint latest (or trainer.train(resume_from_checkpoint='latest'))."))
+                               f"checkpoint saved to {path}. {checkpoint.resume_hint(args)}"))
 
     def _rows(self, rollout_index: int) -> list[dict[str, Any]]:
         """This process's dataset rows of rollout `rollout_index`."""

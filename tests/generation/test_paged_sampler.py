@@ -111,3 +111,27 @@ def test_a_call_whose_cache_does_not_fit_falls_back_to_transformers_sizing(make_
     batch = PagedSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=5).sample(
         model, _prompts(tokenizer, ["1+2=", "7="]), 2)
     assert seen == [4, None] and batch.completion_ids.shape[0] == 4
+
+
+def test_the_users_continuous_batching_config_goes_over_rloos_sizing(make_model, tokenizer):
+    """transformers_continuous_batching_config (TRL's name) reaches generate_batch: its keys over rloo's sizing,
+    and a max_memory_percent leaves num_blocks to transformers' rule from free memory."""
+    model = make_model()
+    seen = []
+    original = model.generate_batch
+
+    def generate_batch(*args, continuous_batching_config, **kwargs):
+        c = continuous_batching_config
+        seen.append((c.page_size, c.num_blocks, c.max_batch_tokens, c.max_memory_percent))
+        c.num_blocks = c.num_blocks or 64  # not transformers' sizing from 20% of the RAM, in a test
+        return original(*args, continuous_batching_config=continuous_batching_config, **kwargs)
+
+    model.generate_batch = generate_batch
+    prompts = _prompts(tokenizer, ["1+2=", "12+34=", "7="])  # 4, 6 and 2 tokens
+    PagedSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=30,
+                 cache_config={"page_size": 16, "max_batch_tokens": 256}).sample(model, prompts, 4)
+    # page 16: ceil(34/16) + ceil(36/16) + ceil(32/16) = 3 + 3 + 2 blocks per fork, 4 forks each
+    assert seen[0] == (16, 32, 256, None)
+    PagedSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=30,
+                 cache_config={"max_memory_percent": 0.2}).sample(model, prompts, 4)
+    assert seen[1] == (32, None, 2048, 0.2)

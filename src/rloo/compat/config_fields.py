@@ -273,7 +273,6 @@ TRL_FIELDS: dict[str, Answer] = {
     "liger_kernel_config": not_yet(None, "the Liger-Kernel library", "leave it unset"),
     "auto_find_batch_size": refused(False, "batch sizes fix the group layout of a rollout and are never changed for you",
                                     "per_device_train_batch_size and gradient_accumulation_steps"),
-    "torch_empty_cache_steps": not_yet(None, "periodic cache emptying", "leave it unset"),
     # --- precision and memory ---
     "bf16_full_eval": refused(False, "evaluation runs under the training precision", "bf16"),
     "fp16_full_eval": refused(False, "evaluation runs under the training precision", "fp16"),
@@ -287,14 +286,12 @@ TRL_FIELDS: dict[str, Answer] = {
     "use_cache": accepted(False, "sampling always uses a KV cache and the training forward never does, whatever the value"),
     # --- logging ---
     "logging_strategy": refused("steps", "rloo logs every logging_steps optimizer steps", "logging_steps"),
-    "logging_first_step": not_yet(False, "logging the first step separately", "logging_steps=1"),
     "log_on_each_node": accepted(True, "only the main process logs; the metrics are already reduced over processes"),
     "logging_nan_inf_filter": accepted(True, "rloo logs every value, NaN included, so a diverging run shows",
                                        ok=lambda v: isinstance(v, bool)),
     "include_num_input_tokens_seen": refused("no", "token counts are logged as lengths (completions/mean_length)",
                                              "leave it 'no'"),
     "log_level_replica": refused("warning", "rloo logs through Python's logging", "logging.getLogger('rloo').setLevel(...)"),
-    "disable_tqdm": not_yet(None, "hiding the progress bar from the config", "leave it unset"),
     "report_to": mapped("none", "a name, a list, 'all' or 'none' as in TRL; None and [] are 'none'", _report_to),
     "project": not_yet("huggingface", "the trackio project name", "leave it unset"),
     "trackio_space_id": not_yet(None, "trackio Spaces (report_to='trackio' logs locally)", "leave it unset"),
@@ -305,7 +302,6 @@ TRL_FIELDS: dict[str, Answer] = {
                             "eval_steps=0 (rloo still evaluates once at the end when given an eval_dataset)", _eval_strategy),
     "eval_steps": mapped(None, "None keeps 0 (evaluate only at the end)", _none_to_default("eval_steps")),
     "eval_delay": refused(0, "evaluation starts with the run", "eval_steps"),
-    "eval_on_start": not_yet(False, "evaluating before the first step", "call trainer.evaluate() before train()"),
     "per_device_eval_batch_size": accepted(8, "evaluation samples per_device_eval_batch_size completions at a time "
                                            "(whole groups of num_generations_eval; at least one group)",
                                            ok=lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
@@ -321,7 +317,6 @@ TRL_FIELDS: dict[str, Answer] = {
     # --- saving and the Hub ---
     "save_strategy": mapped("steps", "'steps' uses save_steps; 'no' sets save_steps=0 and, as in TRL, train() writes no "
                             "final model (save_model does)", _save_strategy),
-    "save_only_model": not_yet(False, "model-only checkpoints", "trainer.save_model(path) for the weights alone"),
     "save_on_each_node": refused(False, "the main process writes checkpoints", "leave it False"),
     "enable_jit_checkpoint": refused(False, "checkpoints fall between rollouts only", "save_steps"),
     "restore_callback_states_from_checkpoint": refused(False, "callback states are not checkpointed", "leave it False"),
@@ -390,7 +385,6 @@ TRL_FIELDS: dict[str, Answer] = {
     "cache_implementation": refused(None, "the fast sampler manages its own KV cache", "sampler='fast'"),
     "use_transformers_continuous_batching": mapped(False, "True sets sampler='paged' (transformers' continuous batching)",
                                                    lambda v, given: {"sampler": "paged"} if v else {}),
-    "transformers_continuous_batching_config": refused(None, "sampler='paged' uses transformers' defaults", "leave it unset"),
     "use_transformers_paged": mapped(False, "True sets sampler='paged'", lambda v, given: {"sampler": "paged"} if v else {}),
     "use_vllm": mapped(False, "True sets sampler='vllm' (vllm_mode and the other vllm_* fields are rloo's own)",
                        _use_vllm),

@@ -15,6 +15,10 @@ transformers sizes the cache as it does by default and queues what does not fit.
 sizes the cache from free memory: 60% of free RAM on CPU, 90% of the free GPU memory, which a training
 process needs for itself (a tiny model's call took 14 GB on this project's 24 GB machine:
 benchmarks/paged_cache_memory.py).
+
+`cache_config` (the config's transformers_continuous_batching_config, TRL's name) holds a user's
+ContinuousBatchingConfig arguments, laid over that sizing; one that gives num_blocks or max_memory_percent
+sizes the cache itself (transformers' rule from free memory for the latter), with no fallback.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class PagedSampler(SamplingSettings):
     # it is the policy itself, and log-probs make the trainer measure the (zero) mismatch with an
     # extra forward pass.
     return_logprobs: bool = False
+    # The user's ContinuousBatchingConfig arguments (transformers_continuous_batching_config), over rloo's sizing.
+    cache_config: dict | None = None
 
     def on_optimizer_step(self, model: torch.nn.Module) -> None:
         """Nothing to sync: this sampler runs the policy itself."""
@@ -66,9 +72,9 @@ class PagedSampler(SamplingSettings):
             num_return_sequences=forks, max_new_tokens=self.max_new_tokens,
             eos_token_id=list(self.eos_token_ids), pad_token_id=self.pad_token_id,
         )
-        cache = ContinuousBatchingConfig(return_logprobs=self.return_logprobs, **{PAGE_SIZE_ARGUMENT: PAGE_SIZE},
-                                         max_batch_tokens=MAX_BATCH_TOKENS,
-                                         num_blocks=cache_blocks(requests, forks, self.max_new_tokens, PAGE_SIZE))
+        given = dict(self.cache_config or {})
+        cache = ContinuousBatchingConfig(return_logprobs=self.return_logprobs,
+                                         **cache_settings(requests, forks, self.max_new_tokens, given))
         was_training = model.training
         model.eval()
         try:
@@ -76,6 +82,8 @@ class PagedSampler(SamplingSettings):
                 results = model.generate_batch(requests, generation_config=config, progress_bar=False,
                                                continuous_batching_config=cache)
             except MemoryError:
+                if SIZING_KEYS & set(given):
+                    raise  # the user sized the cache: theirs to change
                 # The call's whole need does not fit: let transformers size the cache from free memory, as
                 # it does by default, and queue the requests that do not fit at once.
                 cache.num_blocks = None
@@ -92,6 +100,19 @@ class PagedSampler(SamplingSettings):
             prompts, [o.generated_tokens for o in outputs],
             [o.logprobs for o in outputs] if self.return_logprobs else None,
             num_generations, self.pad_token_id, self.eos_token_ids, next(model.parameters()).device)
+
+
+SIZING_KEYS = {"num_blocks", "max_memory_percent"}
+
+
+def cache_settings(requests: list[list[int]], forks: int, max_new_tokens: int, given: dict) -> dict:
+    """ContinuousBatchingConfig arguments: rloo's sizing (PAGE_SIZE, MAX_BATCH_TOKENS, blocks for every fork at
+    full length) with the user's `given` arguments over it; num_blocks is left out when `given` sizes the cache."""
+    page_size = given.get(PAGE_SIZE_ARGUMENT, PAGE_SIZE)  # block_size before transformers 5.24
+    settings = {PAGE_SIZE_ARGUMENT: page_size, "max_batch_tokens": MAX_BATCH_TOKENS}
+    if not SIZING_KEYS & set(given):
+        settings["num_blocks"] = cache_blocks(requests, forks, max_new_tokens, page_size)
+    return {**settings, **given}
 
 
 def cache_blocks(requests: list[list[int]], forks: int, max_new_tokens: int, page_size: int) -> int:

@@ -7,6 +7,9 @@ saved state WITHOUT model weights (optimizer, scheduler, RNG) under `accelerate_
 file). Checkpoints fall between rollouts, so the state is the step, the rollout index and the episode count.
 Sharded (FSDP2, ZeRO-3), the save_pretrained files hold the full weights gathered from the shards,
 and accelerate's state also holds the sharded weights, which resuming restores (docs/launching.md).
+With save_only_model (TRL's name) there is no `accelerate_state/`: the checkpoint is the model alone,
+marked `"model_only": true`, and resuming from it is refused by name rather than restarting the
+optimizer, the schedule and the RNG silently (transformers resumes from one with a fresh optimizer).
 
 Atomicity: everything is written into `output_dir/.checkpoint-<step>.tmp/`, flushed and fsynced,
 `trainer_state.json` last, then the directory is renamed to `checkpoint-<step>`. A kill at any
@@ -122,11 +125,12 @@ def _save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer
     if accelerator.is_main_process and temporary.exists():
         shutil.rmtree(temporary)  # left by a run killed while saving
     save_model(accelerator, model, tokenizer, args, str(temporary))
-    handle = accelerator.register_save_state_pre_hook(_skip_model_weights)
-    try:
-        accelerator.save_state(str(temporary / ACCELERATE_STATE))
-    finally:
-        handle.remove()
+    if not args.save_only_model:
+        handle = accelerator.register_save_state_pre_hook(_skip_model_weights)
+        try:
+            accelerator.save_state(str(temporary / ACCELERATE_STATE))
+        finally:
+            handle.remove()
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         state = {
@@ -137,6 +141,7 @@ def _save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer
             "completions_per_step": args.completions_per_step,
             "num_mini_batches": args.num_mini_batches,
             "num_processes": accelerator.num_processes,
+            "model_only": bool(args.save_only_model),
             "manifest": _manifest(temporary),
         }
         _write_synced(temporary / TRAINER_STATE, json.dumps(state, indent=2))
@@ -186,6 +191,14 @@ def _fsync_tree(directory: Path) -> None:
                 os.fsync(handle.fileno())
     for path in [directory, *(p for p in directory.rglob("*") if p.is_dir())]:
         _fsync_directory(path)
+
+
+def resume_hint(args: RLOOConfig) -> str:
+    """How to resume from the checkpoint a stopped run just saved (none can, with save_only_model)."""
+    if args.save_only_model:
+        return "It holds the weights only (save_only_model=True): the run cannot resume from it."
+    return ("Resume with the same command and --resume_from_checkpoint latest (or "
+            "trainer.train(resume_from_checkpoint='latest')).")
 
 
 # ------------------------------------------------------------------ finding and rotating
@@ -262,6 +275,11 @@ def load_checkpoint(accelerator: Accelerator, model: torch.nn.Module, path: Path
     if state is None:
         raise CheckpointError(f"{path} is not an rloo checkpoint: {TRAINER_STATE} is missing, unreadable or names "
                               f"another step (an interrupted save?). Resume from another checkpoint or 'latest'.")
+    if state.get("model_only"):
+        raise CheckpointError(
+            f"{path} was saved with save_only_model=True: it holds the model's weights only, without the optimizer, "
+            f"scheduler and RNG state a run resumes from. Start a new run from it as a model (model_name_or_path="
+            f"{str(path)!r}, or from_pretrained), or resume from a checkpoint saved with save_only_model=False.")
     _verify_manifest(path, state)
     written = (state["completions_per_step"], state.get("num_mini_batches", 1), state["num_processes"])
     if written != (args.completions_per_step, args.num_mini_batches, accelerator.num_processes):

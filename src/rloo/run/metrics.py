@@ -82,6 +82,12 @@ WINDOW_WEIGHTS = {
 }
 
 
+def log_due(step: int, args: Any, is_last: bool) -> bool:
+    """Whether the loop logs after optimizer step `step`: every logging_steps steps, at the last step, and at
+    step 1 with logging_first_step (TRL's name)."""
+    return step % args.logging_steps == 0 or is_last or (args.logging_first_step and step == 1)
+
+
 class MetricsWindow:
     """Averages values recorded between two logging steps, each weighted by the units it averages
     over (`WINDOW_WEIGHTS`; 1 per recording for the others)."""
