@@ -43,7 +43,7 @@ from rloo.rollout.dynamic_sampling import DynamicSampler, zero_spread_message
 from rloo.run import checkpoint, evaluation, report, trainer_api
 from rloo.run.allocator import empty_device_cache_every, return_large_buffers_to_os
 from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, log_due, rollout_metrics, with_trl_names
-from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, truncate_history
+from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, resume_hint, truncate_history
 from rloo.run.run_lock import lock_output_dir
 from rloo.run.safe_text import visible
 from rloo.run.verbosity import set_library_verbosity
@@ -330,7 +330,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.stopped_by = signal_name or "a signal on another process"
         if self.accelerator.is_main_process:
             tqdm.write(visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
-                               f"checkpoint saved to {path}. {checkpoint.resume_hint(args)}"))
+                               f"checkpoint saved to {path}. {resume_hint(args)}"))
 
     def _rows(self, rollout_index: int) -> list[dict[str, Any]]:
         """This process's dataset rows of rollout `rollout_index`."""

@@ -1,6 +1,6 @@
 """The console: a short table of the metrics a person watches, printed above the progress bar."""
 
-from rloo.run.metrics import console_columns, metrics_table, render
+from rloo.run.console import console_columns, metrics_table, render
 
 
 def test_training_log_shows_the_key_metrics_only():

@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from rloo.run.metrics import completion_rows, completions_table, metrics_table, render
+from rloo.run.console import completions_table, metrics_table, render
+from rloo.run.metrics import completion_rows
 from rloo.run.report import build_report, completions_html, describe_run
 from rloo.run.safe_text import console_text, display, html_text, tracker_text, visible
 

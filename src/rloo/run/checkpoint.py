@@ -193,14 +193,6 @@ def _fsync_tree(directory: Path) -> None:
         _fsync_directory(path)
 
 
-def resume_hint(args: RLOOConfig) -> str:
-    """How to resume from the checkpoint a stopped run just saved (none can, with save_only_model)."""
-    if args.save_only_model:
-        return "It holds the weights only (save_only_model=True): the run cannot resume from it."
-    return ("Resume with the same command and --resume_from_checkpoint latest (or "
-            "trainer.train(resume_from_checkpoint='latest')).")
-
-
 # ------------------------------------------------------------------ finding and rotating
 
 

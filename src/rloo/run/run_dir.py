@@ -136,3 +136,11 @@ class StopSignals:
         self.received = name
         print(f"rloo: {name} received: finishing the current optimizer step(s), then saving a checkpoint "
               f"(send it again to exit at once).", file=sys.stderr, flush=True)
+
+
+def resume_hint(args: Any) -> str:
+    """How to resume from the checkpoint a stopped run just saved (none can, with save_only_model)."""
+    if args.save_only_model:
+        return "It holds the weights only (save_only_model=True): the run cannot resume from it."
+    return ("Resume with the same command and --resume_from_checkpoint latest (or "
+            "trainer.train(resume_from_checkpoint='latest')).")
