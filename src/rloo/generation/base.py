@@ -32,6 +32,10 @@ class SampledBatch:
     # trainer may use them as pi_old. False (another engine, e.g. vLLM): the trainer computes its own
     # and measures, and by default corrects, the mismatch (truncated importance sampling).
     logprobs_from_policy: bool = False
+    # (B, C) 1 at the model's own tokens, 0 at tokens a tool or environment appended (multi-turn rollouts,
+    # `rollout.multi_turn`; TRL's env_mask). None: every completion token is the model's. Tool tokens are
+    # attended to (they are in completion_mask) but carry no loss, KL, entropy or length.
+    tool_mask: torch.Tensor | None = None
 
 
 @dataclass
