@@ -13,8 +13,8 @@ from tool_chat import HERMES, THINK_DROPPING, ScriptedSampler, call, tool_tokeni
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.config import ConfigError
 from rloo.rollout import Rollout
-from rloo.toy import build_tiny_model
 from rloo.tools import ToolCall, parse_tool_calls, run_tool_calls, tool_suffix_ids
+from rloo.toy import build_tiny_model
 
 
 def add(a: int, b: int) -> int:
