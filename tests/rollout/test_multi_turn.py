@@ -463,3 +463,11 @@ def test_generate_sampler_with_tools_trains(tmp_path):
     last = [entry for entry in trainer.state.log_history if "tools/call_frequency" in entry][-1]
     assert last["tools/call_frequency"] == 1.0 and last["tools/failure_frequency"] == 0.0
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_evaluation_runs_the_trajectories_too(tmp_path):
+    trainer, sampler = _trainer(tmp_path, call_then_answer, tools=[add], eval_dataset=_dataset(2))
+    metrics = trainer.evaluate()
+    assert len(sampler.calls) == 2  # the first turn and the turn after the tool results
+    # Half the trajectories call add(1, 2): their messages hold the answers "1" (the argument) and "3" (the result).
+    assert metrics["eval/reward"] == pytest.approx(0.5)

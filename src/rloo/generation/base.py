@@ -80,6 +80,11 @@ def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device | str
     return ids.to(device), mask.to(device)
 
 
+def model_token_mask(completion_mask: torch.Tensor, tool_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, C) 1 at the model's own completion tokens: `completion_mask`, less the positions a tool filled."""
+    return completion_mask if tool_mask is None else completion_mask * tool_mask.to(completion_mask.dtype)
+
+
 def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask of real completion tokens: everything up to and including the first EOS.
 

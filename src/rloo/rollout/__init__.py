@@ -24,7 +24,7 @@ from rloo.algo.shaping import shape_scores
 from rloo.config import RLOOConfig
 from rloo.data.prompts import as_completions, is_conversational, tokenize_prompts
 from rloo.dist.sharding import full_weights_for_generation
-from rloo.generation.base import SampledBatch, Sampler
+from rloo.generation.base import SampledBatch, Sampler, model_token_mask
 from rloo.generation.stop import cut_at_stop_strings
 from rloo.rewards.scoring import RewardFunction, ScoredBatch, reward_arguments, score_completions
 from rloo.rewards.trl_names import RewardLog
@@ -115,11 +115,6 @@ class Rollout:
     def loss_mask(self) -> torch.Tensor:
         """(B, C) float: 1 for the model's completion tokens of completions that carry loss weight."""
         return self.model_mask().float() * self.trained.float().unsqueeze(-1)
-
-
-def model_token_mask(completion_mask: torch.Tensor, tool_mask: torch.Tensor | None) -> torch.Tensor:
-    """(B, C) 1 at the model's own completion tokens: `completion_mask`, less the positions a tool filled."""
-    return completion_mask if tool_mask is None else completion_mask * tool_mask.to(completion_mask.dtype)
 
 
 @dataclass

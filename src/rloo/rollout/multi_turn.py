@@ -51,6 +51,13 @@ class Episodes:
     tool_calls: int = 0
     tool_failures: int = 0
 
+    def first(self, count: int) -> "Episodes":
+        """The first `count` trajectories (evaluation drops the rows it sampled as filler)."""
+        return Episodes(self.prompts[:count], self.messages[:count],
+                        None if self.environments is None else self.environments[:count],
+                        {key: values[:count] for key, values in self.reward_arguments.items()},
+                        self.tool_calls, self.tool_failures)
+
     def metrics(self) -> dict[str, float]:
         """TRL's tools/call_frequency (calls per trajectory) and tools/failure_frequency (failed / calls)."""
         count = max(len(self.prompts), 1)

@@ -276,13 +276,13 @@ class TrainerAPI:
         self.tools = [] if multi_turn is None else list(multi_turn.tools)
         self.rollout_func = None if multi_turn is None else multi_turn.rollout_func
         self.max_tool_calling_iterations = self.args.max_tool_calling_iterations
+        self._logs = trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled at each log
 
     @property
     def environments(self) -> list[Any] | None:
         """The environment instance of each trajectory of the last rollout (TRL's attribute); None without environments."""
         multi_turn = getattr(self, "multi_turn", None)
         return None if multi_turn is None else multi_turn.environments
-        self._logs = trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled at each log
 
     def _log_closing(self, runtime: float, episodes: int, steps: int) -> dict[str, float]:
         """The entry transformers' Trainer closes log_history with (train_runtime, train_samples_per_second,
