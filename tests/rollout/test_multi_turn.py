@@ -471,3 +471,40 @@ def test_evaluation_runs_the_trajectories_too(tmp_path):
     assert len(sampler.calls) == 2  # the first turn and the turn after the tool results
     # Half the trajectories call add(1, 2): their messages hold the answers "1" (the argument) and "3" (the result).
     assert metrics["eval/reward"] == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def test_cli_yaml_takes_tools_and_an_environment_factory(tmp_path, monkeypatch):
+    """`tools: file.py:fn` and `environment_factory: file.py:Class` in YAML reach the trainer; the environment's
+    get_reward stands in for --reward_funcs."""
+    from rloo.cli import main
+    from rloo.trainer import RLOOTrainer as Trainer
+
+    tokenizer = tool_tokenizer()
+    model_dir = tmp_path / "model"
+    _model(tokenizer).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}+1?"}]})
+                                                   for a in range(4)))
+    (tmp_path / "my_tools.py").write_text(
+        "def add(a: int, b: int) -> int:\n    '''Add.\n\n    Args:\n        a: first\n        b: second\n    '''\n"
+        "    return a + b\n")
+    (tmp_path / "my_env.py").write_text(
+        "class Counter:\n    def reset(self, **row):\n        self.total = 0\n"
+        "    def increment(self, step: int) -> int:\n        '''Add.\n\n        Args:\n            step: how much\n        '''\n"
+        "        self.total += step\n        return self.total\n    def get_reward(self):\n        return float(self.total)\n")
+    (tmp_path / "run.yaml").write_text(
+        f"model_name_or_path: {model_dir}\ndataset_name: {tmp_path / 'data.jsonl'}\noutput_dir: {tmp_path / 'out'}\n"
+        f"tools: {tmp_path / 'my_tools.py'}:add\nenvironment_factory: {tmp_path / 'my_env.py'}:Counter\n"
+        "max_tool_calling_iterations: 2\nper_device_train_batch_size: 4\nnum_generations: 2\nmax_steps: 1\n"
+        "max_completion_length: 8\nsave_steps: 0\n")
+    built = []
+    monkeypatch.setattr(Trainer, "train", lambda self, resume_from_checkpoint=None: built.append(self))
+    main(["train", "--config", str(tmp_path / "run.yaml")])
+    trainer = built[0]
+    assert [tool.__name__ for tool in trainer.tools] == ["add"]
+    assert [fn.name for fn in trainer.reward_functions] == ["Counter"]
+    assert [s["function"]["name"] for s in trainer.multi_turn.schemas[None]] == ["add", "increment"]
+    assert trainer.max_tool_calling_iterations == 2

@@ -362,9 +362,10 @@ def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sa
     if reward_funcs is not None and reward_model is not None:
         raise ConfigError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
     reward_funcs = reward_funcs if reward_funcs is not None else reward_model
-    if environment_factory is not None and reward_funcs is None:
+    no_functions = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0)
+    if environment_factory is not None and no_functions:
         reward_funcs = []
-    elif reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0):
+    elif no_functions:
         raise ConfigError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
     for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
         if not (callable(func) or isinstance(func, (str, torch.nn.Module))):
