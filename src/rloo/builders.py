@@ -23,6 +23,7 @@ from rloo.dist.sharding import check_supported
 from rloo.generation import FastSampler, GenerateSampler, Sampler
 from rloo.generation.options import sampler_options
 from rloo.rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
+from rloo.rollout.multi_turn import MultiTurnRollout, environment_reward_function
 from rloo.run.trackers import accelerate_log_with
 
 
@@ -246,16 +247,32 @@ def default_sampler(args: RLOOConfig, tokenizer: Any, model: torch.nn.Module | N
 
 
 def build_rewards(args: RLOOConfig, reward_funcs: Any, reward_processing_classes: Any, device: Any,
-                  column_names: Sequence[str]) -> tuple[list[RewardFunction], list[float]]:
+                  column_names: Sequence[str], multi_turn: MultiTurnRollout | None = None
+                  ) -> tuple[list[RewardFunction], list[float]]:
     """The wrapped reward functions (reward models loaded with model_init_kwargs) and their weights;
-    a function needing an argument that neither the trainer nor the dataset provides is refused now."""
-    functions = build_reward_functions(reward_funcs, reward_processing_classes, device, model_loading.model_init_kwargs(args))
+    a function needing an argument that neither the trainer nor the dataset provides is refused now.
+
+    With environments, each environment class with a `get_reward` adds a reward function named after it,
+    weight 1, after the given ones (as TRL does), and reward functions may ask for `environments`. With a
+    rollout_func, whose extra fields are known only once it runs, the arguments are not checked up front."""
+    functions = build_reward_functions(reward_funcs or [], reward_processing_classes, device,
+                                       model_loading.model_init_kwargs(args))
     available = set(TRAINER_ARGUMENTS) | (set(column_names) - {"prompt"})
-    for fn in functions:
-        fn.check_available(available)
+    if multi_turn is not None and multi_turn.environment_factories is not None:
+        available.add("environments")
+    if multi_turn is None or multi_turn.rollout_func is None:
+        for fn in functions:
+            fn.check_available(available)
     weights = list(args.reward_weights) if args.reward_weights is not None else [1.0] * len(functions)
     if len(weights) != len(functions):
         raise ConfigError(f"reward_weights has {len(weights)} weights for {len(functions)} reward functions.")
+    classes = [] if multi_turn is None else multi_turn.environment_classes()
+    owners = [c for c in classes if callable(getattr(c, "get_reward", None))]
+    functions += [RewardFunction.wrap(environment_reward_function(owner)) for owner in owners]
+    weights += [1.0] * len(owners)
+    if not functions:
+        raise ConfigError("No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose "
+                          "environment defines `get_reward()`.")
     return functions, weights
 
 
@@ -279,3 +296,27 @@ def check_run_options(args: RLOOConfig, accelerator: Accelerator, reference: tor
     if sharding.zero_stage(accelerator) == 3:
         raise ConfigError("sync_ref_model=True is not available under DeepSpeed ZeRO-3 in rloo; use FSDP2 or "
                           "ZeRO-2, or leave sync_ref_model False.")
+
+
+def build_multi_turn(trainer: Any, tools: Sequence[Any] | None, environment_factory: Any,
+                     rollout_func: Any) -> MultiTurnRollout | None:
+    """The trainer's multi-turn rollout stage when tools, an environment_factory (a callable, or a dict of them
+    chosen by each row's `environment` column) or a rollout_func is given; None for single completions. The
+    trainer is what rollout_func receives as its second argument, as in TRL."""
+    args, tokenizer, sampler = trainer.args, trainer.tokenizer, trainer.sampler
+    if not tools and environment_factory is None and rollout_func is None:
+        return None
+    if rollout_func is not None and (tools or environment_factory is not None):
+        raise ConfigError("rollout_func replaces the whole rollout, tool calls included; give either rollout_func or "
+                          "tools / environment_factory, not both.")
+    if args.async_rollouts or args.dynamic_sampling:
+        raise ConfigError("tools, environment_factory and rollout_func run in the trainer's own rollout; "
+                          "async_rollouts and dynamic_sampling are not supported with them yet. Turn those off.")
+    factories = None
+    if environment_factory is not None:
+        factories = dict(environment_factory) if isinstance(environment_factory, dict) else {None: environment_factory}
+    end_ids = set(getattr(sampler, "eos_token_ids", None) or [tokenizer.eos_token_id])
+    return MultiTurnRollout(tokenizer, args.max_completion_length, args.max_prompt_length, args.chat_template_kwargs,
+                            end_ids, tools=list(tools or []), environment_factories=factories, rollout_func=rollout_func,
+                            max_tool_calling_iterations=args.max_tool_calling_iterations,
+                            tool_call_timeout=args.tool_call_timeout, trainer=trainer)

@@ -373,6 +373,15 @@ class RLOOConfig:
     async_rollout_timeout: float = 600.0
     """With async_rollouts: seconds the learner waits for the sampler's next rollout before raising."""
 
+    # --- tools and environments: multi-turn rollouts (docs/multi_turn.md) ---
+    max_tool_calling_iterations: int | None = None
+    """With tools or an environment_factory: the most rounds of tool calls per trajectory (each round runs
+    every call of the turn, then samples the next turn); None: until a turn makes no call or the
+    max_completion_length budget, which counts the model's and the tools' tokens, is spent (TRL's name)."""
+    tool_call_timeout: float = 30.0
+    """With tools: seconds one tool call may run; a call that takes longer becomes the tool error message
+    the model reads next (a plain tool's thread cannot be stopped and finishes in the background)."""
+
     # --- robustness: output directory reuse and non-finite steps ---
     overwrite_output_dir: bool = False
     """Let a fresh run delete the checkpoints, metrics.jsonl and completions.jsonl an earlier run left in

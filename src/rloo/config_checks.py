@@ -129,6 +129,10 @@ def _check_generation(c: RLOOConfig) -> None:
     require(0 < c.top_p <= 1, f"top_p must be in (0, 1], got {c.top_p!r}.")
     require(isinstance(c.top_k, int) and c.top_k >= 0, f"top_k must be an integer >= 0 (0 disables), got {c.top_k!r}.")
     require(c.sampler in SAMPLERS, f"sampler must be one of {SAMPLERS}, got {c.sampler!r}.")
+    require(c.max_tool_calling_iterations is None or c.max_tool_calling_iterations >= 0,
+            f"max_tool_calling_iterations must be >= 0 (0: tools are described but never run) or None (no limit), "
+            f"got {c.max_tool_calling_iterations!r}.")
+    require(c.tool_call_timeout > 0, f"tool_call_timeout must be > 0 seconds, got {c.tool_call_timeout!r}.")
     _check_continuous_batching_config(c.transformers_continuous_batching_config)
     require(c.transformers_continuous_batching_config is None or c.sampler == "paged",
             f"transformers_continuous_batching_config configures transformers' continuous batching, which only "

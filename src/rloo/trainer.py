@@ -75,6 +75,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         callbacks, optimizers, quantization_config: as in TRL (see `trainer_api`): transformers
             TrainerCallbacks, an (optimizer, scheduler) pair replacing the built ones (either may be None),
             and a quantization config passed to from_pretrained when the model is given by name.
+        tools, environment_factory, rollout_func: multi-turn rollouts, as TRL's GRPOTrainer (docs/multi_turn.md).
     """
 
     def __init__(
@@ -92,8 +93,10 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         callbacks: Sequence[Any] | None = None,
         optimizers: tuple[Any, Any] = (None, None),
         quantization_config: Any = None,
+        tools: Sequence[Callable] | None = None, rollout_func: Callable | None = None,
+        environment_factory: Callable | dict[str, Callable] | None = None,
     ) -> None:
-        reward_funcs = trainer_api.check_arguments(reward_funcs, reward_model, train_dataset, sampler)
+        reward_funcs = trainer_api.check_arguments(reward_funcs, reward_model, train_dataset, sampler, environment_factory)
         self.args = args = args if args is not None else RLOOConfig()
         check_output_dir(args.output_dir)  # before anything loads
         lock_output_dir(args.output_dir, owner=self)  # one run per folder, held while this trainer lives
@@ -117,23 +120,22 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.reference = None if reference is None else sharding.prepare_reference(acc, reference)
 
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.reward_functions, self.reward_weights = builders.build_rewards(
-            args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names)
-
         # By default, a sampler that stops at the end ids the checkpoint's generation config declares, too.
         self.sampler = sampler if sampler is not None else builders.default_sampler(args, self.tokenizer,
                                                                                     acc.unwrap_model(self.model))
-        self.collector = RolloutCollector(args, acc, self.model, self.reference,
-                                          self.tokenizer, self.sampler, self.reward_functions, self.reward_weights)
+        self.multi_turn = builders.build_multi_turn(self, tools, environment_factory, rollout_func)  # None: single turn
+        self.reward_functions, self.reward_weights = builders.build_rewards(
+            args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names, self.multi_turn)
+        self.collector = RolloutCollector(args, acc, self.model, self.reference, self.tokenizer, self.sampler,
+                                          self.reward_functions, self.reward_weights, multi_turn=self.multi_turn)
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
         self.dynamic_sampler = DynamicSampler(args, acc, self.collector, train_dataset, self.tokenizer.pad_token_id)
         self.async_rollouts: AsyncRollouts | None = None  # the sampler running ahead, started by train()
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step, self.episode = 0, 0
-        self._evaluated_at, self._last_eval, self._reported_zero_spread = -1, {}, False
+        self._evaluated_at, self._last_eval, self._reported_zero_spread, self._claimed_output_dir = -1, {}, False, False
         self.run_id = uuid.uuid4().hex  # marks this run's checkpoints; a resumed run takes the checkpoint's
         self.stopped_by: str | None = None  # the signal that stopped train() early, if any
-        self._claimed_output_dir = False
         self._attach_callbacks(callbacks)
         self._expose_trl_attributes()
         builders.check_run_options(args, acc, self.reference, eval_dataset)

@@ -17,7 +17,7 @@ import traceback
 from typing import Any, Sequence
 
 from rloo.cli.parser import parse_train_args
-from rloo.cli.rewards import resolve_reward_func
+from rloo.cli.rewards import load_object, resolve_reward_func
 from rloo.compat import config_fields, trl_flags
 from rloo.config import ConfigError
 from rloo.run.safe_text import visible
@@ -28,9 +28,9 @@ def run_train(argv: Sequence[str]) -> None:
     from rloo.run import run_dir, run_lock
 
     script, config, resume = parse_train_args(argv)
-    if not script.model_name_or_path or not script.dataset_name or not script.reward_funcs:
+    if not script.model_name_or_path or not script.dataset_name or not (script.reward_funcs or script.environment_factory):
         raise ConfigError("rloo train needs --model_name_or_path, --dataset_name and --reward_funcs "
-                          "(as flags or YAML keys).")
+                          "(as flags or YAML keys; an --environment_factory with get_reward may stand in for the last).")
     run_dir.check_output_dir(config.output_dir)  # all before anything loads
     lock = run_lock.lock_output_dir(config.output_dir)  # one run per folder: a second one is refused here
     try:
@@ -69,6 +69,9 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         peft_config=peft_config,
+        tools=[load_object(spec, "tool") for spec in script.tools] or None,
+        environment_factory=load_object(script.environment_factory, "environment_factory")
+        if script.environment_factory else None,
         **script.trainer_kwargs,
     )
     trainer.train(resume_from_checkpoint=resume)

@@ -45,6 +45,12 @@ class TrainInputs:
     think_format, code_execution), built-in factories with arguments (length_penalty:target_length=128,
     thinking_answer_reward), reward models (model:path/or/id, or a local directory with config.json),
     or `module:function` / `file.py:function` paths."""
+    tools: list[str] = field(default_factory=list)
+    """Functions the model may call during a rollout (multi-turn, docs/multi_turn.md): `file.py:function` or
+    `module:function` paths, each with type hints and a docstring naming its arguments."""
+    environment_factory: str | None = None
+    """A class making one environment per trajectory (`file.py:Class` or `module:Class`): reset(**row), its
+    public methods as tools, an optional get_reward() as a reward (then --reward_funcs may be left out)."""
     use_peft: bool = False
     """Train LoRA adapters instead of all weights; the reference is the model with adapters disabled."""
     lora_r: int = 16

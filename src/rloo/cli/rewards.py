@@ -56,22 +56,31 @@ def resolve_reward_func(spec: str, tokenizer: Any = None,
         raise ConfigError(f"reward function {spec!r} is neither a built-in ({sorted(BUILTIN_REWARDS)}), a TRL "
                           f"built-in ({sorted(TRL_REWARDS)}), a built-in factory ({sorted(BUILTIN_REWARD_FACTORIES)}), "
                           f"a reward model (model:path) nor a `module:function` or `module.function` path.")
+    return load_object(spec, "reward function")
+
+
+def load_object(spec: str, what: str) -> Any:
+    """`file.py:name`, `package.module:name` or `package.module.name` -> that object (a function, a class)."""
+    if ":" not in spec and "." in spec and not spec.endswith(".py"):
+        spec = ":".join(spec.rsplit(".", 1))
+    if ":" not in spec:
+        raise ConfigError(f"{what} {spec!r} is not a `file.py:name`, `module:name` or `module.name` path.")
     module_name, func_name = spec.rsplit(":", 1)
     if module_name.endswith(".py"):
         module_spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
         if module_spec is None or not Path(module_name).exists():
-            raise ConfigError(f"reward function file {module_name} does not exist.")
+            raise ConfigError(f"{what} file {module_name} does not exist.")
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
     else:
         try:
             module = importlib.import_module(module_name)
         except ImportError as error:
-            raise ConfigError(f"reward function {spec!r}: cannot import module {module_name!r} ({error}). Check the "
+            raise ConfigError(f"{what} {spec!r}: cannot import module {module_name!r} ({error}). Check the "
                               f"name, and run rloo from the folder that holds the module or put it on "
                               f"PYTHONPATH.") from error
     if not hasattr(module, func_name):
-        raise ConfigError(f"{module_name} has no function `{func_name}`.")
+        raise ConfigError(f"{module_name} has no {'function' if what != 'environment_factory' else 'class'} `{func_name}`.")
     return getattr(module, func_name)
 
 

@@ -32,6 +32,10 @@ class SampledBatch:
     # trainer may use them as pi_old. False (another engine, e.g. vLLM): the trainer computes its own
     # and measures, and by default corrects, the mismatch (truncated importance sampling).
     logprobs_from_policy: bool = False
+    # (B, C) 1 at the model's own tokens, 0 at tokens a tool or environment appended (multi-turn rollouts,
+    # `rollout.multi_turn`; TRL's env_mask). None: every completion token is the model's. Tool tokens are
+    # attended to (they are in completion_mask) but carry no loss, KL, entropy or length.
+    tool_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -78,6 +82,11 @@ def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device | str
             ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
             mask[row, width - len(seq):] = 1
     return ids.to(device), mask.to(device)
+
+
+def model_token_mask(completion_mask: torch.Tensor, tool_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, C) 1 at the model's own completion tokens: `completion_mask`, less the positions a tool filled."""
+    return completion_mask if tool_mask is None else completion_mask * tool_mask.to(completion_mask.dtype)
 
 
 def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,9 +22,9 @@ from rloo.algo.off_policy import kept_log_mass, sampler_correction_weights
 from rloo.algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
 from rloo.algo.shaping import shape_scores
 from rloo.config import RLOOConfig
-from rloo.data.prompts import as_completions, tokenize_prompts
+from rloo.data.prompts import as_completions, is_conversational, tokenize_prompts
 from rloo.dist.sharding import full_weights_for_generation
-from rloo.generation.base import SampledBatch, Sampler
+from rloo.generation.base import SampledBatch, Sampler, model_token_mask
 from rloo.generation.stop import cut_at_stop_strings
 from rloo.rewards.scoring import RewardFunction, ScoredBatch, reward_arguments, score_completions
 from rloo.rewards.trl_names import RewardLog
@@ -66,6 +66,9 @@ class Rollout:
     is_weights: torch.Tensor | None = None  # (B, C) truncated importance weights; None when off
     mismatch: torch.Tensor | None = None  # (4,) `algo.importance.mismatch_sums` of this process
     sampler_logps: torch.Tensor | None = None  # (B, C) the engine's own log-probs, kept for off_policy_mask_threshold
+    # (B, C) 1 at the model's tokens, 0 at tool / environment tokens (multi-turn); None: all the model's.
+    # completion_mask says what is attended to, model_mask() what is trained on.
+    tool_mask: torch.Tensor | None = None
 
     def micro_batch(self, start: int, size: int, pad_to_multiple_of: int | None = None) -> "Rollout":
         """Rows [start, start + size), with padding columns that every row shares trimmed off; with
@@ -102,11 +105,16 @@ class Rollout:
             is_weights=columns(self.is_weights),
             mismatch=self.mismatch,
             sampler_logps=columns(self.sampler_logps),
+            tool_mask=columns(self.tool_mask),
         )
 
+    def model_mask(self) -> torch.Tensor:
+        """(B, C) long: 1 at the completion tokens the model sampled (tool tokens excluded)."""
+        return model_token_mask(self.completion_mask, self.tool_mask)
+
     def loss_mask(self) -> torch.Tensor:
-        """(B, C) float: 1 for completion tokens of completions that carry loss weight."""
-        return self.completion_mask.float() * self.trained.float().unsqueeze(-1)
+        """(B, C) float: 1 for the model's completion tokens of completions that carry loss weight."""
+        return self.model_mask().float() * self.trained.float().unsqueeze(-1)
 
 
 @dataclass
@@ -133,6 +141,7 @@ class RolloutCollector:
     reward_weights: list[float]
     trainer_state: Any = None  # what reward functions get as `trainer_state`; the trainer sets its TrainerState
     keep_old_logps: bool = False  # keep pi_old even for one step per rollout (async rollouts train off-policy)
+    multi_turn: Any = None  # a `rollout.multi_turn.MultiTurnRollout` when tools, environments or a rollout_func are given
     warned_unscored: bool = False  # the "no reward scored anything" warning was given (it is given once)
 
     @torch.no_grad()
@@ -148,10 +157,10 @@ class RolloutCollector:
         args, k = self.args, self.args.num_generations
         gather = self.accelerator.gather if global_stats else None
         # 1. Sample K completions of each prompt (groups contiguous: row p*K + k), cut at stop strings.
-        sampled = self.sample([row["prompt"] for row in rows])
+        sampled, episodes = self.sample_rows(rows)  # with tools, each completion is a trajectory of turns
 
         # 2. Score every completion (messages for conversations), then shape the scores.
-        scored, samples = self.score(rows, sampled, k, global_step, episode)
+        scored, samples = self.score(rows, sampled, k, global_step, episode, episodes)
         raw_scores = scored.scores.to(sampled.completion_ids.device)  # (B,)
         valid = scored.valid.to(raw_scores.device)  # (B,) False where no reward function applied
         scores = shape_scores(raw_scores, sampled.has_eos, args.missing_eos_penalty, args.normalize_rewards,
@@ -172,7 +181,8 @@ class RolloutCollector:
             advantages = whiten(advantages, valid, gather=gather)
         token_advantages = None
         if kl_at.token_advantages:  # each token's return counts only the KL after it
-            token_advantages = token_kl_advantages(advantages, token_kls, sampled.completion_mask, args.beta)  # (B, C)
+            token_advantages = token_kl_advantages(advantages, token_kls, model_token_mask(sampled.completion_mask,
+                                                                                          sampled.tool_mask), args.beta)
 
         rollout = Rollout(
             prompt_ids=sampled.prompt_ids,
@@ -190,21 +200,33 @@ class RolloutCollector:
             token_advantages=token_advantages,
             has_eos=sampled.has_eos,
             trained=valid & (sampled.has_eos | (not args.mask_truncated_completions)),
+            tool_mask=sampled.tool_mask,
         )
         if from_engine:  # the sampler is another engine: measure (and correct) the mismatch
             self.correct_engine_mismatch(rollout, old_logps, sampled)
         return rollout, samples
 
     def score(self, rows: list[dict[str, Any]], sampled: SampledBatch, num_generations: int, global_step: int = 0,
-              episode: int = 0) -> tuple[ScoredBatch, Samples]:
+              episode: int = 0, episodes: Any = None) -> tuple[ScoredBatch, Samples]:
         """Decode the B = rows * num_generations completions and call every reward function on them
-        (with TRL's `log_extra` / `log_metric`); returns the unshaped scores and the text side."""
+        (with TRL's `log_extra` / `log_metric`); returns the unshaped scores and the text side.
+
+        Multi-turn `episodes` give each trajectory's prompt as the policy saw it, its completion as messages
+        (assistant turns with their tool_calls, tool results), its `environments` and rollout_func's extra fields."""
         completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(sampled.completion_ids, sampled.completion_mask)]
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         prompts = [row["prompt"] for row in rows for _ in range(num_generations)]
         state = self.trainer_state if self.trainer_state is not None else {"global_step": global_step, "episode": episode}
-        arguments = reward_arguments(rows, prompts, as_completions(prompts, completions), completion_ids,
-                                     num_generations, state)
+        as_given = as_completions(prompts, completions)
+        if episodes is not None:
+            prompts = episodes.prompts
+            as_given = [given if messages is None or not is_conversational(prompt) else messages
+                        for given, messages, prompt in zip(as_given, episodes.messages, prompts)]
+        arguments = reward_arguments(rows, prompts, as_given, completion_ids, num_generations, state)
+        if episodes is not None:
+            arguments.update(episodes.reward_arguments)
+            if episodes.environments is not None:
+                arguments["environments"] = episodes.environments
         reward_log = RewardLog()
         arguments.update(log_extra=reward_log.log_extra, log_metric=reward_log.log_metric)
         scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
@@ -214,8 +236,10 @@ class RolloutCollector:
         if self.args.reward_error_policy == "none":
             for fn in self.reward_functions:
                 reward_log.log_metric(f"rewards/{fn.name}/errors", scored.errors.get(fn.name, 0))
-        return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns),
-                               metrics=reward_log.metrics())
+        metrics = reward_log.metrics()
+        if episodes is not None and self.multi_turn is not None and self.multi_turn.rollout_func is None:
+            metrics.update(episodes.metrics())
+        return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns), metrics=metrics)
 
     def kl_terms(self, sampled: SampledBatch, from_engine: bool
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
@@ -224,7 +248,7 @@ class RolloutCollector:
 
         pi_old comes from the sampler when it ran this very policy in fp32 (`trusted_sampler_logprobs`),
         else from one no-grad pass; an engine's log-probs (vLLM) never stand in for it."""
-        args, mask = self.args, sampled.completion_mask
+        args, mask = self.args, model_token_mask(sampled.completion_mask, sampled.tool_mask)  # no KL at tool tokens
         old_logps = ref_logps = None
         token_kls = torch.zeros_like(mask, dtype=torch.float32)  # (B, C)
         if args.beta > 0 or args.steps_per_rollout > 1 or from_engine or self.keep_old_logps:
@@ -246,12 +270,14 @@ class RolloutCollector:
             # The engine's log-probs are over its kept set (vLLM's processed_logprobs); put pi_old on the same
             # support, or every ratio carries the kept mass pi_old(S) (TRL issue 6789).
             old_logps = old_logps - self.kept_log_mass(sampled).to(old_logps.device)
-        cap = self.args.vllm_importance_sampling_cap
-        rollout.mismatch = mismatch_sums(old_logps, sampler_logps, sampled.completion_mask, cap)
+        # The engine drew only the model's tokens: tool positions carry no ratio.
+        cap, mask = self.args.vllm_importance_sampling_cap, model_token_mask(sampled.completion_mask,
+                                                                             getattr(sampled, "tool_mask", None))
+        rollout.mismatch = mismatch_sums(old_logps, sampler_logps, mask, cap)
         if self.args.off_policy_mask_threshold is not None:
             rollout.sampler_logps = sampler_logps
         if self.args.vllm_importance_sampling_correction:
-            rollout.is_weights = sampler_correction_weights(old_logps, sampler_logps, sampled.completion_mask,
+            rollout.is_weights = sampler_correction_weights(old_logps, sampler_logps, mask,
                                                             self.args.vllm_importance_sampling_mode,
                                                             self.args.vllm_importance_sampling_clip_min, cap)
 
@@ -273,14 +299,27 @@ class RolloutCollector:
                 chunks.append(kept_log_mass(logits.float() / args.temperature, args.top_k, args.top_p))
         return torch.cat(chunks) * sampled.completion_mask
 
+    def sample_rows(self, rows: list[dict[str, Any]], num_generations: int | None = None) -> tuple[SampledBatch, Any]:
+        """Step 1: K completions of each row's prompt and, with tools, environments or a rollout_func, the
+        trajectories' `multi_turn.Episodes` (else None)."""
+        k = num_generations or self.args.num_generations
+        if self.multi_turn is None:
+            return self.sample([row["prompt"] for row in rows], k), None
+        return self.multi_turn.run(self, rows, k)
+
     def sample(self, prompts: list, num_generations: int | None = None) -> SampledBatch:
         """K completions of each prompt (num_generations for eval), cut after the first stop string
         (which then counts as an end)."""
-        args, acc = self.args, self.accelerator
+        args = self.args
         prompt_ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs)
+        return self.sample_ids(prompt_ids, num_generations or args.num_generations)
+
+    def sample_ids(self, prompt_ids: list[list[int]], num_generations: int) -> SampledBatch:
+        """K completions of each token list, cut after the first stop string (which then counts as an end)."""
+        args, acc = self.args, self.accelerator
         # Sharded (FSDP2 / ZeRO-3): the full weights, gathered once for the whole generation.
         with full_weights_for_generation(acc, self.model, args.ds3_gather_for_generation) as policy, acc.autocast():
-            sampled = self.sampler.sample(policy, prompt_ids, num_generations or args.num_generations)
+            sampled = self.sampler.sample(policy, prompt_ids, num_generations)
         if args.stop_strings:
             sampled.completion_ids, sampled.completion_mask, sampled.has_eos = cut_at_stop_strings(
                 sampled.completion_ids, sampled.completion_mask, sampled.has_eos,

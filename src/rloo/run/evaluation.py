@@ -19,7 +19,7 @@ from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from rloo.data.schedule import select_rows
-from rloo.generation.base import SampledBatch
+from rloo.generation.base import SampledBatch, model_token_mask
 from rloo.rewards.scoring import reward_function_metrics
 from rloo.run.metrics import length_metrics
 
@@ -134,17 +134,18 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
         rows = select_rows(dataset, indices[start : start + prompts_per_batch])
         batch_size = min(prompts_per_batch, per_process - start)  # the same on every process
         filler = rows[-1:] or select_rows(dataset, [0])  # a copy of a row: no extra prompt padding
-        sampled = collector.sample([row["prompt"] for row in rows + filler * (batch_size - len(rows))],
-                                   num_generations)
+        # With tools, environments or a rollout_func, each completion is a trajectory (rollout.multi_turn).
+        sampled, episodes = collector.sample_rows(rows + filler * (batch_size - len(rows)), num_generations)
         progress.update(min(batch_size * acc.num_processes, len(dataset) - progress.n))
         if not rows:
             continue
         sampled = first_prompts(sampled, len(rows), num_generations)
-        scored, _ = collector.score(rows, sampled, num_generations, global_step)
+        episodes = None if episodes is None else episodes.first(len(rows) * num_generations)
+        scored, _ = collector.score(rows, sampled, num_generations, global_step, episodes=episodes)
         shape = (len(rows), num_generations)
         parts["scores"].append(scored.scores.float().cpu().view(shape))
         parts["per_function"].append(scored.per_function.float().cpu().view(*shape, -1))
-        parts["lengths"].append(sampled.completion_mask.sum(dim=1).cpu().view(shape))
+        parts["lengths"].append(model_token_mask(sampled.completion_mask, sampled.tool_mask).sum(dim=1).cpu().view(shape))
         parts["truncated"].append((~sampled.has_eos).cpu().view(shape))
     progress.close()
     collector.model.train(was_training)

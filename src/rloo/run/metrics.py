@@ -158,7 +158,7 @@ def length_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[str, 
 def rollout_metrics(rollout: Any, accelerator: Accelerator, num_generations: int,
                     reward_names: Sequence[str]) -> dict[str, float]:
     """Metrics of a generated batch (a `rollout.Rollout`), gathered over processes."""
-    lengths = rollout.completion_mask.sum(dim=1).float()
+    lengths = rollout.model_mask().sum(dim=1).float()  # the model's own tokens: tool results are not counted
     gathered = accelerator.gather(torch.stack([
         rollout.raw_scores, rollout.scores, rollout.rewards, rollout.seq_kl, lengths,
         rollout.has_eos.float(), (~rollout.has_eos).float(),

@@ -273,7 +273,17 @@ class TrainerAPI:
         self.reward_processing_classes = [fn.func.tokenizer if isinstance(fn.func, RewardModel) else None
                                           for fn in self.reward_functions]
         self.aux_loss_enabled = self.learner.aux_loss_coef > 0
+        multi_turn = getattr(self, "multi_turn", None)
+        self.tools = [] if multi_turn is None else list(multi_turn.tools)
+        self.rollout_func = None if multi_turn is None else multi_turn.rollout_func
+        self.max_tool_calling_iterations = self.args.max_tool_calling_iterations
         self._logs = trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled at each log
+
+    @property
+    def environments(self) -> list[Any] | None:
+        """The environment instance of each trajectory of the last rollout (TRL's attribute); None without environments."""
+        multi_turn = getattr(self, "multi_turn", None)
+        return None if multi_turn is None else multi_turn.environments
 
     def _log_closing(self, runtime: float, episodes: int, steps: int) -> dict[str, float]:
         """The entry transformers' Trainer closes log_history with (train_runtime, train_samples_per_second,
@@ -352,12 +362,17 @@ def saves_final_model(args: Any) -> bool:
     return getattr(args, "save_strategy", "steps") not in ("no", False)  # YAML reads a bare `no` as False
 
 
-def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any) -> Any:
-    """The arguments RLOOTrainer cannot do without; returns the reward functions (given either way)."""
+def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any,
+                    environment_factory: Any = None) -> Any:
+    """The arguments RLOOTrainer cannot do without; returns the reward functions (given either way).
+    With an environment_factory, reward_funcs may be left out: its environment's get_reward can be the reward."""
     if reward_funcs is not None and reward_model is not None:
         raise ConfigError("Both reward_funcs and reward_model were given; they are the same argument. Pass one.")
     reward_funcs = reward_funcs if reward_funcs is not None else reward_model
-    if reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0):
+    no_functions = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and len(reward_funcs) == 0)
+    if environment_factory is not None and no_functions:
+        reward_funcs = []
+    elif no_functions:
         raise ConfigError("RLOOTrainer needs reward_funcs: a function (or list) scoring each completion.")
     for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
         if not (callable(func) or isinstance(func, (str, torch.nn.Module))):

@@ -1,0 +1,13 @@
+"""Tools the policy calls during a rollout: their JSON schemas, parsing the calls a turn makes,
+running them (timeout, errors as messages) and rendering their results as tokens.
+
+`rollout.multi_turn` drives these; nothing here samples or trains.
+"""
+
+from rloo.tools.execution import ToolResult, run_tool_calls
+from rloo.tools.parsing import ToolCall, parse_tool_calls
+from rloo.tools.rendering import check_tool_template, tool_suffix_ids
+from rloo.tools.schema import environment_tools, tool_schemas
+
+__all__ = ["ToolCall", "ToolResult", "check_tool_template", "environment_tools", "parse_tool_calls", "run_tool_calls",
+           "tool_schemas", "tool_suffix_ids"]

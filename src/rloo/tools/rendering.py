@@ -1,0 +1,74 @@
+"""Tool results as tokens: the chat template renders the NEW tool messages only.
+
+Token in, token out: a trajectory is the prompt's ids, then the ids the sampler drew, then the ids
+appended here, then the next turn's sampled ids; no earlier turn is rendered or tokenized again.
+Re-rendering the whole conversation each turn would train on ids the model never sampled wherever a
+template renders an earlier turn differently from how it was generated (thinking templates drop
+earlier `<think>` blocks), or where text re-tokenizes to other ids.
+
+The tool messages' tokens are the difference between a short conversation rendered with and without
+them: `[user, assistant with the calls]` and the same plus the tool messages and the generation
+prompt. The first rendering is cut after its last end-of-turn id, because the sampled turn already
+ends there; what follows (e.g. Qwen's "\\n" and `<|im_start|>tool ...`) belongs to the suffix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rloo.config import ConfigError
+
+_NAME, _KEY, _VALUE, _CONTENT = "tool_name_7c1e", "tool_key_3f9a", "tool_value_5b2d", "tool_content_9e4f"
+
+
+def _render(tokenizer: Any, messages: list[dict], tokenize: bool, add_generation_prompt: bool,
+            chat_template_kwargs: dict[str, Any] | None) -> Any:
+    return tokenizer.apply_chat_template(messages, tokenize=tokenize, add_generation_prompt=add_generation_prompt,
+                                         return_dict=False, **(chat_template_kwargs or {}))
+
+
+def _exchange(name: str, arguments: dict) -> list[dict]:
+    calls = [{"type": "function", "function": {"name": name, "arguments": arguments}}]
+    return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": calls}]
+
+
+def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]], end_ids: set[int],
+                    chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """The token ids that follow a sampled assistant turn (ending in one of `end_ids`): its tool
+    messages, then the generation prompt of the next assistant turn."""
+    exchange = _exchange(tool_messages[0]["name"], {})  # the real name: some templates head the result with it
+    before = _render(tokenizer, exchange, True, False, chat_template_kwargs)
+    after = _render(tokenizer, exchange + tool_messages, True, True, chat_template_kwargs)
+    ends = [i for i, token in enumerate(before) if token in end_ids]
+    if ends:
+        before = before[: ends[-1] + 1]
+    if after[: len(before)] != before:
+        raise ValueError("the chat template renders an assistant turn differently once tool messages follow it, so a "
+                         "tool result cannot be appended as tokens; use a template that renders earlier messages the "
+                         "same whatever follows (check_tool_template refuses such templates up front).")
+    return after[len(before):]
+
+
+def check_tool_template(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    """Refuse, before training, a chat template that cannot carry a tool conversation: one that drops the
+    assistant's tool calls or the tool messages, fails on the role `tool`, or renders the assistant turn
+    differently once a tool message follows it (then results cannot be appended as tokens)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError("tools need a chat template that renders tool calls and tool messages, and the tokenizer has "
+                          "none. Set tokenizer.chat_template (e.g. the model's instruct template), or train without tools.")
+    messages = _exchange(_NAME, {_KEY: _VALUE}) + [{"role": "tool", "name": _NAME, "content": _CONTENT}]
+    try:
+        text = _render(tokenizer, messages, False, False, chat_template_kwargs)
+    except Exception as error:  # jinja2's TemplateError and its subclasses, or a template's raise_exception
+        raise ConfigError(f"the chat template cannot render a tool conversation (user, assistant with tool_calls, "
+                          f"tool): {error}. Use the model's tool-calling template.") from error
+    missing = [part for part in (_NAME, _KEY, _VALUE, _CONTENT) if part not in text]
+    if missing:
+        raise ConfigError(f"the chat template drops part of a tool conversation ({len(missing)} of the tool name, "
+                          f"argument key, argument value and tool result are missing from its rendering), so the model "
+                          f"would never see its calls or their results. Use a template that renders `tool_calls` and "
+                          f"role 'tool' messages (e.g. a Hermes / Qwen-style template).")
+    try:
+        tool_suffix_ids(tokenizer, messages[2:], {tokenizer.eos_token_id}, chat_template_kwargs)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None

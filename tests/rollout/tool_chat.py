@@ -1,0 +1,88 @@
+"""A character tokenizer and chat templates that speak Hermes-style tool calls, for the multi-turn tests.
+
+The toy's tokenizer has no braces; this one adds them, and `<tool_call>`, `</tool_call>`,
+`<tool_response>`, `</tool_response>` as single (non-special) tokens. `HERMES` renders tools,
+tool calls and tool results the way Qwen's templates do (`<eos>` ends every message, like
+`<|im_end|>`); `THINK_DROPPING` is the same but renders every assistant turn but the last without
+its `<think>...</think>` block, as Qwen3's template does: re-rendering a conversation with it gives
+other ids than the ones sampled.
+"""
+
+from __future__ import annotations
+
+import transformers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from rloo.generation.base import SampledBatch, batch_from_token_lists
+from rloo.toy.tokenizer import CHARACTERS, SPECIAL_TOKENS
+
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+_MESSAGES = (
+    "{%- if tools %}{{ 'system: tools ' }}{% for t in tools %}{{ t.function.name + ' ' }}{% endfor %}{{ '<eos>\\n' }}"
+    "{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{{ 'assistant: ' + CONTENT }}"
+    "{%- for c in m.tool_calls or [] %}{{ '<tool_call>' }}"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}{{ '</tool_call>' }}{% endfor %}"
+    "{{ '<eos>\\n' }}"
+    "{%- elif m.role == 'tool' %}{{ 'tool: <tool_response>' + m.content + '</tool_response><eos>\\n' }}"
+    "{%- else %}{{ m.role + ': ' + m.content + '<eos>\\n' }}{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
+HERMES = _MESSAGES.replace("CONTENT", "m.content")
+THINK_DROPPING = _MESSAGES.replace("CONTENT", "(m.content if loop.last else m.content.split('</think>')[-1])")
+
+
+def tool_tokenizer(template: str = HERMES) -> transformers.PreTrainedTokenizerFast:
+    characters = CHARACTERS + "{}"
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + TOOL_TOKENS + tuple(characters))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>",
+        additional_special_tokens=["<think>", "</think>"], padding_side="left", model_max_length=4096,
+        clean_up_tokenization_spaces=False)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def call(name: str, **arguments) -> str:
+    """A Hermes tool call as the model would write it."""
+    import json
+
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+class ScriptedSampler:
+    """A sampler that answers from a script: for each prompt (its decoded text, with every earlier turn) and
+    generation, `script(text, row)` followed by EOS (cut at max_new_tokens), with log-probs -0.5 per token (or
+    none). A turn's number is `text.count("<tool_response>")`. It records every call's prompts and completions."""
+
+    def __init__(self, tokenizer, script, max_new_tokens: int = 400, with_logprobs: bool = True):
+        self.tokenizer, self.script, self.max_new_tokens = tokenizer, script, max_new_tokens
+        self.eos_token_ids = [tokenizer.eos_token_id]
+        self.with_logprobs = with_logprobs
+        self.calls: list[list[list[int]]] = []
+        self.sampled: list[list[list[int]]] = []
+
+    def sample(self, model, prompts, num_generations) -> SampledBatch:
+        self.calls.append([list(p) for p in prompts])
+        completions = []
+        for index, prompt in enumerate(prompts):
+            text = self.tokenizer.decode(prompt)
+            for k in range(num_generations):
+                ids = self.tokenizer.encode(self.script(text, index * num_generations + k)) + [self.tokenizer.eos_token_id]
+                completions.append(ids[: self.max_new_tokens])
+        self.sampled.append(completions)
+        logprobs = [[-0.5] * len(c) for c in completions] if self.with_logprobs else None
+        batch = batch_from_token_lists(prompts, completions, logprobs, num_generations, self.tokenizer.pad_token_id,
+                                       self.eos_token_ids)
+        batch.logprobs_from_policy = False
+        return batch
+
+    def on_optimizer_step(self, model) -> None:
+        pass
