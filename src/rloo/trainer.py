@@ -120,7 +120,6 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.reference = None if reference is None else sharding.prepare_reference(acc, reference)
 
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        # By default, a sampler that stops at the end ids the checkpoint's generation config declares, too.
         self.sampler = sampler if sampler is not None else builders.default_sampler(args, self.tokenizer,
                                                                                     acc.unwrap_model(self.model))
         self.multi_turn = builders.build_multi_turn(self, tools, environment_factory, rollout_func)  # None: single turn
