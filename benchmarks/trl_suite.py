@@ -1,6 +1,6 @@
 """Run TRL's own RLOOTrainer tests against rloo, with only the import changed.
 
-    python benchmarks/trl_suite.py --trl-dir /path/to/trl [-k EXPR] [--workers N]
+    python benchmarks/trl_suite.py --trl-dir /path/to/trl [--suite rloo|grpo-tools] [-k EXPR] [--against-trl]
 
 The TRL checkout stays outside this repository. Its `tests/test_rloo_trainer.py` (with TRL's
 `testing_utils.py` and `conftest.py`) is copied to a temporary folder, the line
@@ -31,13 +31,23 @@ from standins import build_hub_cache  # noqa: E402
 TRL_IMPORT = "from trl import RLOOConfig, RLOOTrainer"
 RLOO_IMPORT = "from rloo import RLOOConfig, RLOOTrainer"
 DEFAULT_SELECTION = "TestRLOOTrainer and not TestRLOOTrainerVLM and not vllm"
+# --suite: (TRL's test file, its import line, the line that puts rloo's classes under the same names, default -k).
+# "grpo-tools" runs GRPOTrainer's tool, environment and rollout_func tests against RLOOTrainer (docs/multi_turn.md).
+SUITES = {
+    "rloo": ("test_rloo_trainer.py", TRL_IMPORT, RLOO_IMPORT, DEFAULT_SELECTION),
+    "grpo-tools": ("test_grpo_trainer.py", "from trl import GRPOConfig, GRPOTrainer",
+                   "from rloo import RLOOConfig as GRPOConfig, RLOOTrainer as GRPOTrainer",
+                   "tool or environment or rollout_func"),
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trl-dir", default=os.environ.get("TRL_DIR", "/work/ext/trl"),
                         help="a checkout of huggingface/trl (holds tests/test_rloo_trainer.py)")
-    parser.add_argument("-k", dest="select", default=DEFAULT_SELECTION, help="pytest -k expression")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="rloo",
+                        help="rloo: TRL's RLOOTrainer tests; grpo-tools: GRPOTrainer's tool/environment/rollout_func tests")
+    parser.add_argument("-k", dest="select", default=None, help="pytest -k expression (default: the suite's)")
     parser.add_argument("--cache", default=os.path.expanduser("~/.cache/rloo-trl-suite"),
                         help="where the stand-in models and data set are built (once)")
     parser.add_argument("--against-trl", action="store_true", help="keep `from trl import ...`: TRL's own count")
@@ -51,16 +61,17 @@ def trl_commit(trl_dir: Path) -> str:
     return result.stdout.strip() or "unknown (not a git checkout)"
 
 
-def prepare_folder(trl_dir: Path, folder: Path, against_trl: bool) -> None:
+def prepare_folder(trl_dir: Path, folder: Path, against_trl: bool, suite: str = "rloo") -> None:
     """Copy TRL's test file and helpers into `folder/tests`, change the import, add the redirecting conftest."""
+    test_file, trl_import, rloo_import, _ = SUITES[suite]
     tests = folder / "tests"
     tests.mkdir(parents=True)
-    source = (trl_dir / "tests" / "test_rloo_trainer.py").read_text()
-    if source.count(TRL_IMPORT) != 1:
-        raise SystemExit(f"expected exactly one line {TRL_IMPORT!r} in TRL's test file; the file has changed shape")
+    source = (trl_dir / "tests" / test_file).read_text()
+    if source.count(trl_import) != 1:
+        raise SystemExit(f"expected exactly one line {trl_import!r} in TRL's test file; the file has changed shape")
     if not against_trl:
-        source = source.replace(TRL_IMPORT, RLOO_IMPORT)
-    (tests / "test_rloo_trainer.py").write_text(source)
+        source = source.replace(trl_import, rloo_import)
+    (tests / test_file).write_text(source)
     for helper in ("testing_utils.py", "conftest.py"):
         shutil.copy(trl_dir / "tests" / helper, tests / helper)
     (tests / "__init__.py").write_text("")
@@ -91,19 +102,20 @@ def main(argv=None) -> int:
         raise SystemExit(f"{trl_dir} is not a TRL checkout (no tests/test_rloo_trainer.py); pass --trl-dir")
     cache = build_hub_cache(Path(args.cache))
     folder = Path(tempfile.mkdtemp(prefix="trl-suite-"))
-    prepare_folder(trl_dir, folder, args.against_trl)
+    prepare_folder(trl_dir, folder, args.against_trl, args.suite)
+    test_file, select = SUITES[args.suite][0], args.select or SUITES[args.suite][3]
     env = {**os.environ, "HF_HUB_CACHE": str(cache / "hub"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "RLOO_TRL_SUITE_CACHE": str(cache), "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true",
            # TRL's testing_utils imports helpers from the checkout's own `trl` package.
            "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(trl_dir)) if p)}
     report = folder / "report.xml"
-    command = [sys.executable, "-m", "pytest", "tests/test_rloo_trainer.py", "-k", args.select, "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", f"tests/{test_file}", "-k", select, "-p", "no:cacheprovider",
                "-q", "--junitxml", str(report), *args.pytest_args]
     subprocess.run(command, cwd=folder, env=env)
     passed, failed, skipped, failures = summarize(report)
     print(f"\nTRL commit: {trl_commit(trl_dir)}")
-    print(f"selection: -k {args.select!r}; trainer under test: {'trl' if args.against_trl else 'rloo'}")
+    print(f"suite: {args.suite}; selection: -k {select!r}; trainer under test: {'trl' if args.against_trl else 'rloo'}")
     for name, message in failures:
         print(f"FAILED {name}: {message}")
     print(f"{passed} passed, {failed} failed, {skipped} skipped")

@@ -105,7 +105,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
         self.tokenizer = builders.load_tokenizer(processing_class, model, trust_remote_code=args.trust_remote_code)
-        train_dataset = trainer_api.train_rows(args, train_dataset, acc.num_processes)  # a stream is read once
+        train_dataset = trainer_api.train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
         self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
         policy = builders.load_policy(model, peft_config, args, quantization_config)

@@ -508,3 +508,37 @@ def test_cli_yaml_takes_tools_and_an_environment_factory(tmp_path, monkeypatch):
     assert [fn.name for fn in trainer.reward_functions] == ["Counter"]
     assert [s["function"]["name"] for s in trainer.multi_turn.schemas[None]] == ["add", "increment"]
     assert trainer.max_tool_calling_iterations == 2
+
+
+# ------------------------------------------------------------------ environment-owned data
+
+
+class GuessWord:
+    def reset(self, **row):
+        self.row = row
+        return "Guess the word."
+
+    def get_reward(self):
+        return 1.0
+
+
+def test_an_environment_can_own_the_data(tmp_path):
+    """No train_dataset: max_steps sets the length, reset's text is the prompt, reset gets no placeholder."""
+    def script(text, row):
+        assert text.endswith("user: Guess the word.<eos>\nassistant: ")
+        return "word" * (row + 1)
+
+    trainer, _ = _trainer(tmp_path, script, environment_factory=GuessWord, reward_funcs=None, train_dataset=None,
+                          args=_config(tmp_path, max_steps=2))
+    trainer.train()
+    assert trainer.global_step == 2 and trainer.environments[0].row == {}
+    with pytest.raises(ValueError, match="max_steps"):
+        _trainer(tmp_path, script, environment_factory=GuessWord, reward_funcs=None, train_dataset=None,
+                 args=_config(tmp_path, max_steps=-1))
+    with pytest.raises(ValueError, match="requires a `train_dataset`"):
+        _trainer(tmp_path, script, environment_factory={"a": GuessWord}, reward_funcs=None, train_dataset=None)
+    routed = Dataset.from_list([{"environment": "a"}, {"environment": "a"}])
+    trainer, _ = _trainer(tmp_path, script, environment_factory={"a": GuessWord}, reward_funcs=None,
+                          train_dataset=routed)
+    trainer.collector.collect(trainer.train_dataset.to_list())
+    assert trainer.environments[0].row == {}

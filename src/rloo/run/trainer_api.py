@@ -178,9 +178,15 @@ def trl_logs(prompts: Sequence[Any], completions: Sequence[str], reward_names: S
             "advantages": list(advantages), "extra": {k: list(v) for k, v in (extra or {}).items()}}
 
 
-def train_rows(args: Any, train_dataset: Any, num_processes: int) -> Any:
+def train_rows(args: Any, train_dataset: Any, num_processes: int, environment_factory: Any = None) -> Any:
     """The train set as rows the schedule indexes: a streamed set is read once, up to the rows max_steps
-    needs (after TRL's rules for its DataLoader options); a Dataset as is."""
+    needs (after TRL's rules for its DataLoader options); a Dataset as is. With an environment_factory the
+    environment may own the data (its reset returns the prompt): rows without a prompt get an empty one."""
+    if environment_factory is not None and (train_dataset is None or "prompt" not in (getattr(train_dataset, "column_names",
+                                                                                              None) or ["prompt"])):
+        from rloo.rollout.multi_turn import environment_owned_rows
+
+        return environment_owned_rows(args, train_dataset, num_processes, environment_factory, take_rows)
     settle_streamed_train_options(args, train_dataset)
     needed = None if args.max_steps < 0 else (-(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
                                               * num_processes)
@@ -378,7 +384,7 @@ def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sa
         if not (callable(func) or isinstance(func, (str, torch.nn.Module))):
             raise ConfigError(f"reward_funcs holds {func!r} ({type(func).__name__}); each entry must be a function "
                               f"f(prompts, completions, **columns), a reward model, or a reward model's path.")
-    if train_dataset is None:  # TRL's wording first: user code may match it
+    if train_dataset is None and environment_factory is None:  # TRL's wording first: user code may match it
         raise ConfigError("`train_dataset` is required: RLOOTrainer needs a train_dataset with a 'prompt' column.")
     if sampler is not None and not isinstance(sampler, Sampler):
         raise TypeError(f"sampler {sampler!r} does not follow rloo.generation.Sampler: it needs "
