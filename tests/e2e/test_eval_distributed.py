@@ -116,7 +116,10 @@ class CountingCollector:
         return SampledBatch(prompt_ids=ids, prompt_mask=torch.ones_like(ids), completion_ids=ids,
                             completion_mask=torch.ones_like(ids), has_eos=torch.ones(rows, dtype=torch.bool))
 
-    def score(self, rows, sampled, num_generations, global_step):
+    def sample_rows(self, rows, num_generations):  # RolloutCollector.sample_rows without tools: no episodes
+        return self.sample([row["prompt"] for row in rows], num_generations), None
+
+    def score(self, rows, sampled, num_generations, global_step, episodes=None):
         assert sampled.completion_ids.shape[0] == len(rows) * num_generations
         self.scored += [row["prompt"] for row in rows]
         values = sampled.completion_ids[:, 0].float()
