@@ -199,7 +199,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         control = self._begin()
         window = MetricsWindow()
         last_metrics: dict[str, float] = {}
-        progress = tqdm(total=self.total_steps, initial=self.global_step, desc="RLOO",
+        progress = tqdm(total=self.total_steps, initial=self.global_step, desc="RLOO", position=0,  # 0: no cursor escapes
                         disable=not acc.is_main_process or bool(args.disable_tqdm), dynamic_ncols=True)
         window_start, window_episodes = time.perf_counter(), 0
 
