@@ -5,7 +5,7 @@ import math
 import torch
 from test_decoding import _exact_marginals, _prompts, _total_variation
 
-from rloo.generation.paged import PagedSampler
+from rloo.generation.paged import PAGE_SIZE_ARGUMENT, PagedSampler
 
 
 def test_greedy_matches_generate(make_model, tokenizer):
@@ -74,7 +74,7 @@ def test_eos_ends_completions_and_logprobs_are_the_models(make_model, tokenizer)
 def test_the_kv_cache_is_sized_for_the_call_not_from_free_memory(make_model, tokenizer):
     """transformers sizes the cache from free memory unless told (60% of free RAM on CPU: 14 GB for this tiny
     model on a 24 GB machine, benchmarks/paged_cache_memory.py); the sampler asks for the call's need."""
-    from rloo.generation.paged import PAGE_SIZE_ARGUMENT, cache_blocks
+    from rloo.generation.paged import cache_blocks
 
     model = make_model()
     seen = []
@@ -122,14 +122,14 @@ def test_the_users_continuous_batching_config_goes_over_rloos_sizing(make_model,
 
     def generate_batch(*args, continuous_batching_config, **kwargs):
         c = continuous_batching_config
-        seen.append((c.page_size, c.num_blocks, c.max_batch_tokens, c.max_memory_percent))
+        seen.append((getattr(c, PAGE_SIZE_ARGUMENT), c.num_blocks, c.max_batch_tokens, c.max_memory_percent))
         c.num_blocks = c.num_blocks or 64  # not transformers' sizing from 20% of the RAM, in a test
         return original(*args, continuous_batching_config=continuous_batching_config, **kwargs)
 
     model.generate_batch = generate_batch
     prompts = _prompts(tokenizer, ["1+2=", "12+34=", "7="])  # 4, 6 and 2 tokens
     PagedSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=30,
-                 cache_config={"page_size": 16, "max_batch_tokens": 256}).sample(model, prompts, 4)
+                 cache_config={PAGE_SIZE_ARGUMENT: 16, "max_batch_tokens": 256}).sample(model, prompts, 4)
     # page 16: ceil(34/16) + ceil(36/16) + ceil(32/16) = 3 + 3 + 2 blocks per fork, 4 forks each
     assert seen[0] == (16, 32, 256, None)
     PagedSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=30,
