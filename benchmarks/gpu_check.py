@@ -59,7 +59,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -784,6 +784,7 @@ def environment(plan: Plan) -> dict:
 
     entry = {"versions": versions, "python": platform.python_version(), "rloo_imported_from": str(Path(rloo.__file__)),
              "declared_requirements": declared_requirements_met(), "torch_threads": torch.get_num_threads(),
+             "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
              "float32_matmul_precision": torch.get_float32_matmul_precision()}
     if plan.device == "cuda":
         properties = torch.cuda.get_device_properties(0)
@@ -860,10 +861,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cpu-tiny", action="store_true", help="the dry run: tiny sizes on CPU")
     parser.add_argument("--budget-s", type=float, default=None, help="wall-clock budget (default 420 GPU, 600 CPU)")
     parser.add_argument("--sections", default="", help="comma-separated section names to run (default: all)")
+    parser.add_argument("--timed-steps", type=int, default=None,
+                        help="timed steps per 512-token speed section, after its warm-up (default 3)")
     args = parser.parse_args(argv)
     if not args.cpu_tiny and not torch.cuda.is_available():
         parser.error("no CUDA device: the check runs on a GPU; --cpu-tiny is the dry run on CPU")
     plan = tiny_plan(args) if args.cpu_tiny else gpu_plan(args)
+    if args.timed_steps is not None:
+        if args.timed_steps < 1:
+            parser.error(f"--timed-steps must be >= 1, got {args.timed_steps}")
+        plan = replace(plan, steps=args.timed_steps)
     budget = Budget(plan.budget_s)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
