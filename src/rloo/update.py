@@ -165,18 +165,22 @@ class Learner:
         """(b,) per-completion loss numerators with grad, and the sums the step's metrics are built from."""
         args = self.args
         self._aux_loss = None  # set below for a MoE model with router_aux_loss_coef (not on the shared-prefix path)
-        if args.shared_prefix_forward:  # each prompt once, its completions on copies of its KV cache
-            logps, entropy = shared_prompt_logprobs(self.model, micro.prompt_ids, micro.prompt_mask,
-                                                    micro.completion_ids, micro.completion_mask, args.temperature,
-                                                    with_entropy=True, entropy_grad=args.entropy_coef > 0)
-        else:
-            input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
-            attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)
-            router = {} if self.aux_loss_coef else None
-            logps, entropy = completion_logprobs(self.model, input_ids, attention_mask, micro.completion_ids.shape[1],
-                                                 args.temperature, with_entropy=True,
-                                                 entropy_grad=args.entropy_coef > 0, router_aux=router)
-            self._aux_loss = None if router is None else router.get("aux_loss")
+        # The whole log-prob computation under the precision the no-grad passes use (rollout's collector): accelerate
+        # wraps only the model's forward in autocast, and rloo's tiled LM head runs after it, so without this the
+        # head's products would be fp32 here and bf16 in the reference and old log-probs they are compared with.
+        with self.accelerator.autocast():
+            if args.shared_prefix_forward:  # each prompt once, its completions on copies of its KV cache
+                logps, entropy = shared_prompt_logprobs(self.model, micro.prompt_ids, micro.prompt_mask,
+                                                        micro.completion_ids, micro.completion_mask, args.temperature,
+                                                        with_entropy=True, entropy_grad=args.entropy_coef > 0)
+            else:
+                input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
+                attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)
+                router = {} if self.aux_loss_coef else None
+                logps, entropy = completion_logprobs(self.model, input_ids, attention_mask,
+                                                     micro.completion_ids.shape[1], args.temperature, with_entropy=True,
+                                                     entropy_grad=args.entropy_coef > 0, router_aux=router)
+                self._aux_loss = None if router is None else router.get("aux_loss")
         mask = micro.loss_mask()  # (b, C)
         # Used once, pi_old is the current policy detached (ratio 1, gradient of log pi).
         old_logps = logps.detach() if micro.old_logps is None else micro.old_logps

@@ -64,6 +64,7 @@ class TiledHeadLogprobs(torch.autograd.Function):
             del z
         ctx.save_for_backward(hidden, weight, bias, targets, log_normalizer, entropy)
         ctx.settings = (temperature, softcap, with_entropy, rows)
+        ctx.autocast = autocast_state(hidden.device.type)
         ctx.set_materialize_grads(False)
         return logps, entropy
 
@@ -77,6 +78,17 @@ class TiledHeadLogprobs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
+        # Backward runs outside the forward's autocast: re-enter it, so that each tile's recomputed logits are the
+        # forward's (bf16 products under bf16 autocast) and the softmax they give matches the saved normaliser.
+        with torch.autocast(**ctx.autocast):
+            return TiledHeadLogprobs._backward_tiles(hidden, weight, bias, targets, log_normalizer, entropy,
+                                                     grad_logps, grad_entropy, grad_hidden, grad_weight, grad_bias,
+                                                     temperature, softcap, rows)
+
+    @staticmethod
+    def _backward_tiles(hidden, weight, bias, targets, log_normalizer, entropy, grad_logps, grad_entropy,
+                        grad_hidden, grad_weight, grad_bias, temperature, softcap, rows):
+        need_hidden, need_weight, need_bias = grad_hidden is not None, grad_weight is not None, grad_bias is not None
         for start in range(0, hidden.shape[0], rows):
             tile = slice(start, start + rows)
             grad_logits = _tile_grad_logits(hidden[tile], weight, bias, targets[tile], log_normalizer[tile],
@@ -92,6 +104,12 @@ class TiledHeadLogprobs(torch.autograd.Function):
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def autocast_state(device_type: str) -> dict:
+    """torch.autocast's arguments for the autocast in force on `device_type` now (enabled or not)."""
+    return {"device_type": device_type, "enabled": torch.is_autocast_enabled(device_type),
+            "dtype": torch.get_autocast_dtype(device_type)}
 
 
 def _tile_grad_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
