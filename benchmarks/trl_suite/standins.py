@@ -3,7 +3,8 @@
 Nothing here is downloaded. Each model is the architecture class the Hub repository holds, with a
 tiny configuration (hidden size 8 or 16, two layers), random weights in bfloat16 (as the Hub copies
 are stored), and a byte-level tokenizer whose vocabulary has the real model's size with the real
-special tokens at their real ids. The prompt data set is built from the Zen of Python (the `this`
+special tokens at their real ids; the two Qwen3 causal LMs, whose tool tests script real token ids, get Qwen3's
+real tokenizer and tool template instead (qwen_tokenizer.py). The prompt data set is built from the Zen of Python (the `this`
 module), split 17 train / 2 test as the Hub copy is.
 
 `build_hub_cache(root)` writes everything in the Hugging Face cache layout under `root/hub`
@@ -28,7 +29,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 ORG = "trl-internal-testing"
 REVISION = "0" * 39 + "1"  # the snapshot name the cache's refs/main points at
-BUILD_VERSION = "4"  # bump when a stand-in changes, so that cached copies are rebuilt
+BUILD_VERSION = "5"  # bump when a stand-in changes, so that cached copies are rebuilt
 
 CHATML = (
     "{% for message in messages %}"
@@ -141,6 +142,7 @@ class StandIn:
     tokenizer: TokenizerSpec
     config: dict = field(default_factory=dict)
     remote_code: bool = False
+    real_qwen3_tokenizer: bool = False  # Qwen3's real BPE and tool template (qwen_tokenizer.py), for scripted ids
 
 
 def _ids(spec: TokenizerSpec, **more) -> dict:
@@ -156,12 +158,13 @@ STANDINS = [
     StandIn("tiny-Qwen2ForCausalLM-2.5", "Qwen2Config", "Qwen2ForCausalLM", QWEN25, {**SMALL, **_ids(QWEN25)}),
     StandIn("tiny-Qwen2ForSequenceClassification-2.5", "Qwen2Config", "Qwen2ForSequenceClassification", QWEN25,
             {**SMALL_RM, **_ids(QWEN25)}),
-    StandIn("tiny-Qwen3ForCausalLM", "Qwen3Config", "Qwen3ForCausalLM", QWEN3, {**SMALL, **_ids(QWEN3)}),
+    StandIn("tiny-Qwen3ForCausalLM", "Qwen3Config", "Qwen3ForCausalLM", QWEN3, {**SMALL, **_ids(QWEN3)},
+            real_qwen3_tokenizer=True),
     StandIn("tiny-Qwen3ForSequenceClassification", "Qwen3Config", "Qwen3ForSequenceClassification", QWEN3,
             {**SMALL_RM, **_ids(QWEN3)}),
     StandIn("tiny-Qwen3MoeForCausalLM", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", QWEN3,
             {**SMALL, **_ids(QWEN3, vocab_size=151936), "num_experts": 4, "num_experts_per_tok": 2,
-             "moe_intermediate_size": 32, "norm_topk_prob": True}),
+             "moe_intermediate_size": 32, "norm_topk_prob": True}, real_qwen3_tokenizer=True),
     StandIn("tiny-LlamaForSequenceClassification-3.2", "LlamaConfig", "LlamaForSequenceClassification", LLAMA32,
             {**SMALL_RM, **_ids(LLAMA32)}),
     StandIn("tiny-Cohere2ForCausalLM", "Cohere2Config", "Cohere2ForCausalLM", COHERE2,
@@ -232,7 +235,12 @@ def build_model(standin: StandIn, target: Path) -> None:
             p.data = p.data.to(torch.bfloat16)
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target)
-    tokenizer = build_tokenizer(standin.tokenizer)
+    if standin.real_qwen3_tokenizer:
+        from qwen_tokenizer import qwen3_tokenizer
+
+        tokenizer = qwen3_tokenizer()
+    else:
+        tokenizer = build_tokenizer(standin.tokenizer)
     tokenizer.save_pretrained(target)
     eos = standin.config["eos_token_id"]
     transformers.GenerationConfig(

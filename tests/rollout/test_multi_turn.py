@@ -307,6 +307,7 @@ def test_environment_factory_resets_tools_and_owns_the_reward(tmp_path):
     trainer, _ = _trainer(tmp_path, script, environment_factory=Counter, reward_funcs=None,
                           args=_config(tmp_path, num_generations=3, per_device_train_batch_size=3))
     assert [fn.name for fn in trainer.reward_functions] == ["Counter"]
+    assert trainer.reward_func_names == ["Counter"] and trainer.reward_weights.tolist() == [1.0]  # TRL's attributes
     rows = trainer.train_dataset.select(range(1)).to_list()
     rollout, _ = trainer.collector.collect(rows)
     assert [e.total for e in trainer.environments] == [2, 0, 0]
@@ -504,8 +505,9 @@ def test_cli_yaml_takes_tools_and_an_environment_factory(tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "train", lambda self, resume_from_checkpoint=None: built.append(self))
     main(["train", "--config", str(tmp_path / "run.yaml")])
     trainer = built[0]
-    assert [tool.__name__ for tool in trainer.tools] == ["add"]
+    assert [tool.__name__ for tool in trainer.tools] == ["add", "increment"]  # then the environment's, as TRL
     assert [fn.name for fn in trainer.reward_functions] == ["Counter"]
+    assert trainer.reward_func_names == ["Counter"] and trainer.reward_weights.tolist() == [1.0]  # TRL's attributes
     assert [s["function"]["name"] for s in trainer.multi_turn.schemas[None]] == ["add", "increment"]
     assert trainer.max_tool_calling_iterations == 2
 

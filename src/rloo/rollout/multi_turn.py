@@ -149,6 +149,15 @@ class MultiTurnRollout:
     def multi_environment(self) -> bool:
         return self.environment_factories is not None and None not in self.environment_factories
 
+    def listed_tools(self) -> list[Callable]:
+        """The given tools, then each environment class's, bound to its first instance, each name once (TRL's
+        `trainer.tools`)."""
+        tools = {tool.__name__: tool for tool in self.tools}
+        for pool in self.environment_pool.values():
+            for tool in environment_tools(pool[0]):
+                tools.setdefault(tool.__name__, tool)
+        return list(tools.values())
+
     def environment_classes(self) -> list[type]:
         """The class of each environment, once, in the order given."""
         return list(dict.fromkeys(type(pool[0]) for pool in self.environment_pool.values()))

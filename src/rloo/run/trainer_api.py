@@ -272,15 +272,19 @@ class TrainerAPI:
     def _expose_trl_attributes(self) -> None:
         """The attributes TRL's trainer has that scripts and callbacks read: the reference model (None
         when beta is 0 or under LoRA), the reward functions with reward models as their models, each
-        one's tokenizer (None for plain functions), and whether a MoE router loss is added (router_aux_loss_coef)."""
+        one's tokenizer (None for plain functions), their names and weights (a tensor), the tools (the given ones,
+        then each environment class's methods, bound to its first instance), and whether a MoE router loss is added
+        (router_aux_loss_coef)."""
         self.ref_model = self.reference
         self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func
                              for fn in self.reward_functions]
         self.reward_processing_classes = [fn.func.tokenizer if isinstance(fn.func, RewardModel) else None
                                           for fn in self.reward_functions]
+        self.reward_func_names = [fn.name for fn in self.reward_functions]  # an environment's reward: its class name
+        self.reward_weights = torch.tensor(self.reward_weights, dtype=torch.float32)  # TRL's type; the loop has its copy
         self.aux_loss_enabled = self.learner.aux_loss_coef > 0
         multi_turn = getattr(self, "multi_turn", None)
-        self.tools = [] if multi_turn is None else list(multi_turn.tools)
+        self.tools = [] if multi_turn is None else multi_turn.listed_tools()
         self.rollout_func = None if multi_turn is None else multi_turn.rollout_func
         self.max_tool_calling_iterations = self.args.max_tool_calling_iterations
         self._logs = trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled at each log

@@ -6,10 +6,12 @@ Re-rendering the whole conversation each turn would train on ids the model never
 template renders an earlier turn differently from how it was generated (thinking templates drop
 earlier `<think>` blocks), or where text re-tokenizes to other ids.
 
-The tool messages' tokens are the difference between a short conversation rendered with and without
-them: `[user, assistant with the calls]` and the same plus the tool messages and the generation
-prompt. The first rendering is cut after its last end-of-turn id, because the sampled turn already
-ends there; what follows (e.g. Qwen's "\\n" and `<|im_start|>tool ...`) belongs to the suffix.
+The tool messages' tokens come from a short conversation, `[user, assistant with the calls]` plus the
+tool messages and the generation prompt: they are what follows the end-of-turn id that closes the
+assistant's turn (e.g. Qwen's "\\n", `<|im_start|>user\\n<tool_response>...`), the sampled turn
+already ending there. That turn is found by counting end-of-turn ids, not by comparing renderings:
+templates such as Qwen3's render the last assistant turn with an empty `<think></think>` block and an
+earlier one without, which changes that turn's ids but not where it ends or what follows it.
 """
 
 from __future__ import annotations
@@ -39,20 +41,21 @@ def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]], end_ids
     exchange = _exchange(tool_messages[0]["name"], {})  # the real name: some templates head the result with it
     before = _render(tokenizer, exchange, True, False, chat_template_kwargs)
     after = _render(tokenizer, exchange + tool_messages, True, True, chat_template_kwargs)
-    ends = [i for i, token in enumerate(before) if token in end_ids]
-    if ends:
-        before = before[: ends[-1] + 1]
-    if after[: len(before)] != before:
-        raise ValueError("the chat template renders an assistant turn differently once tool messages follow it, so a "
-                         "tool result cannot be appended as tokens; use a template that renders earlier messages the "
-                         "same whatever follows (check_tool_template refuses such templates up front).")
-    return after[len(before):]
+    before_ends = [i for i, token in enumerate(before) if token in end_ids]
+    after_ends = [i for i, token in enumerate(after) if token in end_ids]
+    # The user's turn and the assistant's each end in an end-of-turn id; the assistant's is the last in `before`.
+    if not before_ends or len(after_ends) < len(before_ends) or before[: before_ends[0] + 1] != after[: before_ends[0] + 1]:
+        raise ValueError("the chat template does not end the user's and the assistant's turns with the end-of-turn "
+                         "token the same way once tool messages follow, so the tool messages' tokens cannot be told "
+                         "apart from the assistant's turn; use a template that ends every message with the tokenizer's "
+                         "eos token (check_tool_template refuses such templates up front).")
+    return after[after_ends[len(before_ends) - 1] + 1:]
 
 
 def check_tool_template(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
     """Refuse, before training, a chat template that cannot carry a tool conversation: one that drops the
-    assistant's tool calls or the tool messages, fails on the role `tool`, or renders the assistant turn
-    differently once a tool message follows it (then results cannot be appended as tokens)."""
+    assistant's tool calls or the tool messages, fails on the role `tool`, or does not end the assistant's
+    turn with the eos token before the tool messages (then results cannot be appended as tokens)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError("tools need a chat template that renders tool calls and tool messages, and the tokenizer has "
                           "none. Set tokenizer.chat_template (e.g. the model's instruct template), or train without tools.")
@@ -69,6 +72,10 @@ def check_tool_template(tokenizer: Any, chat_template_kwargs: dict[str, Any] | N
                           f"would never see its calls or their results. Use a template that renders `tool_calls` and "
                           f"role 'tool' messages (e.g. a Hermes / Qwen-style template).")
     try:
-        tool_suffix_ids(tokenizer, messages[2:], {tokenizer.eos_token_id}, chat_template_kwargs)
+        suffix = tool_suffix_ids(tokenizer, messages[2:], {tokenizer.eos_token_id}, chat_template_kwargs)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    if _CONTENT not in tokenizer.decode(suffix):
+        raise ConfigError("the chat template's tokens after the assistant's turn do not hold the tool result (the "
+                          "turn does not end where the tokenizer's eos token says), so results cannot be appended as "
+                          "tokens; use a template that ends every message with the eos token.")
