@@ -232,6 +232,42 @@ def test_call_and_failure_frequencies_are_logged(tmp_path):
     assert last["tools/failure_frequency"] == pytest.approx(1 / 2)
 
 
+def test_the_completions_table_file_and_report_show_each_trajectory_turn_by_turn(tmp_path, capsys):
+    """log_completions: the console table, completions.jsonl and `rloo report` show the model's turns, its
+    tool calls and the tool results marked (`tool ▸ add → 3`); a tool's markup, escapes and HTML stay inert."""
+    from rloo.run.report import build_report
+
+    def note(text: str) -> str:
+        """Echo a note.
+
+        Args:
+            text: The note.
+        """
+        return "[bold]x[/bold] <b>y</b> \x1b[2J"
+
+    def script(text, row):
+        if "<tool_response>" in text:
+            return "it is done"
+        return call("add", a=1, b=2) if row % 2 == 0 else call("note", text="hi")
+
+    trainer, _ = _trainer(tmp_path, script, tools=[add, note], args=_config(tmp_path, log_completions=True))
+    trainer.train()
+    shown = capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert rows[0]["completion"] == [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add",
+                                                                                           "arguments": {"a": 1, "b": 2}}}]},
+        {"role": "tool", "name": "add", "content": "3"},
+        {"role": "assistant", "content": "it is done"}]
+    assert rows[1]["completion"][1] == {"role": "tool", "name": "note", "content": "[bold]x[/bold] <b>y</b> \x1b[2J"}
+    assert 'call \u25b8 add {"a": 1, "b": 2}' in shown and "tool \u25b8 add \u2192 3" in shown
+    assert "[bold]x[/bold] <b>y</b> \\x1b[2J" in shown and "\x1b" not in shown
+    assert "'role'" not in shown and "<tool_response>" not in shown
+    page = build_report(tmp_path / "run").read_text(encoding="utf-8")
+    assert "tool \u25b8 add \u2192 3" in page and "[bold]x[/bold] &lt;b&gt;y&lt;/b&gt; \\x1b[2J" in page
+    assert "<b>y</b>" not in page
+
+
 def test_max_tool_calling_iterations_and_the_completion_budget(tmp_path):
     """A model that always calls: rounds stop at max_tool_calling_iterations; the budget counts tool tokens."""
     always = lambda text, row: call("add", a=1, b=2)  # noqa: E731
