@@ -3,6 +3,8 @@ the KL and the lengths; tool failures as messages; environments; rollout_func; T
 
 import asyncio
 import json
+import os
+import threading
 import time
 
 import pytest
@@ -578,3 +580,93 @@ def test_an_environment_can_own_the_data(tmp_path):
                           train_dataset=routed)
     trainer.collector.collect(trainer.train_dataset.to_list())
     assert trainer.environments[0].row == {}
+
+
+# ------------------------------------------------------------------ dynamic sampling and async rollouts
+
+
+def test_dynamic_sampling_with_tools_keeps_each_trajectory_with_its_masks_and_turns(tmp_path):
+    """Prompts 0+1 and 2+3 call the tool in both generations (zero spread, dropped while other groups differ);
+    the others call in one generation of two. The rollout assembled over rounds keeps, row by row, the tool
+    mask, the score and the logged turns of the same trajectory."""
+    def script(text, row):
+        if "<tool_response>" in text:
+            return "done"
+        return call("add", a=1, b=2) if ("0+1?" in text or "2+3?" in text or row % 2 == 0) else "no tool"
+
+    def used_the_tool(completions, **kwargs):
+        return [float(any(m["role"] == "tool" for m in c)) for c in completions]
+
+    trainer, _ = _trainer(tmp_path, script, tools=[add], reward_funcs=[used_the_tool], train_dataset=_dataset(8),
+                          args=_config(tmp_path, dynamic_sampling=True, dynamic_sampling_max_rounds=3,
+                                       log_completions=True, num_completions_to_print=4))
+    seen = []
+    original = trainer.learner.step
+    trainer.learner.step = lambda batch: seen.append(batch) or original(batch)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert rows and all(row["used_the_tool"] == float(any(m["role"] == "tool" for m in row["completion"])) for row in rows)
+    assert seen
+    for batch in seen:
+        called = (batch.completion_mask.bool() & ~batch.tool_mask.bool()).any(dim=1)  # tool tokens present
+        assert called.tolist() == (batch.advantages > 0).tolist()  # one caller per kept group, rewarded 1
+    last = [entry for entry in trainer.state.log_history if "dynamic_sampling/dropped_frac" in entry][-1]
+    assert last["dynamic_sampling/dropped_frac"] > 0 and last["tools/call_frequency"] > 0
+
+
+class WhereRun:
+    """An environment noting, in `record_to`, the process and thread of every reset and which instance."""
+
+    record_to = None
+
+    def reset(self, **row):
+        with open(WhereRun.record_to, "a") as handle:
+            handle.write(json.dumps([os.getpid(), threading.current_thread().name, id(self)]) + "\n")
+
+    def double(self, x: int) -> int:
+        """Double a number.
+
+        Args:
+            x: the number
+        """
+        self.doubled = 2 * x
+        return self.doubled
+
+    def get_reward(self):
+        return float(getattr(self, "doubled", 0))
+
+
+@pytest.mark.parametrize("worker", ["process", "thread"])
+def test_async_rollouts_with_an_environment_run_the_sampler_s_own_environments(tmp_path, worker, monkeypatch):
+    import functools
+
+    from rloo.rollout.async_rollouts import AsyncRollouts
+
+    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    monkeypatch.setattr(WhereRun, "record_to", str(tmp_path / "resets.jsonl"))
+
+    def script(text, row):
+        return "done" if "<tool_response>" in text else (call("double", x=row + 1) if row % 2 == 0 else "no")
+
+    trainer, _ = _trainer(tmp_path, script, environment_factory=WhereRun, reward_funcs=None,
+                          args=_config(tmp_path, async_rollouts=True, max_steps=3))
+    trainer_instances = {id(e) for pool in trainer.multi_turn.environment_pool.values() for e in pool}
+    trainer.train()
+    resets = [json.loads(line) for line in (tmp_path / "resets.jsonl").read_text().splitlines()]
+    assert len(resets) >= 3 * 4  # every rollout's trajectories reset an environment
+    if worker == "process":
+        assert all(pid != os.getpid() for pid, _, _ in resets)
+    else:
+        assert all(name.startswith("rloo-sampler") for _, name, _ in resets)
+        assert not {instance for _, _, instance in resets} & trainer_instances  # the trainer's are never used
+    logged = [entry for entry in trainer.state.log_history if "tools/call_frequency" in entry]
+    assert logged and all(entry["tools/call_frequency"] == pytest.approx(0.5) for entry in logged)
+    assert all(entry["reward"] > 0 for entry in logged)  # get_reward of the sampler's environments scored them
+
+
+def test_rollout_func_with_async_rollouts_is_refused(tmp_path):
+    tokenizer = tool_tokenizer()
+    with pytest.raises(ConfigError, match="rollout_func .* async_rollouts=False"):
+        RLOOTrainer(model=_model(tokenizer), reward_funcs=[contains_answer],
+                    args=_config(tmp_path, async_rollouts=True), train_dataset=_dataset(),
+                    processing_class=tokenizer, rollout_func=lambda prompts, trainer: {})
