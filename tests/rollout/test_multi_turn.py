@@ -670,3 +670,49 @@ def test_rollout_func_with_async_rollouts_is_refused(tmp_path):
         RLOOTrainer(model=_model(tokenizer), reward_funcs=[contains_answer],
                     args=_config(tmp_path, async_rollouts=True), train_dataset=_dataset(),
                     processing_class=tokenizer, rollout_func=lambda prompts, trainer: {})
+
+
+# ------------------------------------------------------------------ rloo eval
+
+
+def test_rloo_eval_runs_the_config_s_environment(tmp_path, capsys):
+    """`rloo eval` with a config naming an environment_factory: its environments are reset for every
+    trajectory and their get_reward scores them (eval/rewards/<class>), as in training."""
+    import textwrap
+
+    from rloo.cli import main
+
+    tokenizer = tool_tokenizer()
+    _model(tokenizer).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}?"}]})
+                                                      for a in range(3)))
+    (tmp_path / "env.py").write_text(textwrap.dedent(f"""\
+        class Noted:
+            def reset(self, **row):
+                with open({str(tmp_path / "resets.txt")!r}, "a") as handle:
+                    handle.write(row["prompt"][-1]["content"] + "\\n")
+
+            def note(self, text: str) -> str:
+                \"\"\"Note a text.
+
+                Args:
+                    text: the text
+                \"\"\"
+                return text
+
+            def get_reward(self):
+                return 0.25
+        """))
+    (tmp_path / "run.yaml").write_text(textwrap.dedent(f"""\
+        dataset_name: {tmp_path / "prompts.jsonl"}
+        environment_factory: {tmp_path / "env.py"}:Noted
+        output_dir: {tmp_path / "out"}
+        per_device_train_batch_size: 4
+        num_generations: 2
+        max_completion_length: 4
+        """))
+    main(["eval", "--model", str(tmp_path / "model"), "--config", str(tmp_path / "run.yaml")])
+    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert results["eval/rewards/Noted/mean"] == pytest.approx(0.25) and results["eval/reward"] == pytest.approx(0.25)
+    assert sorted((tmp_path / "resets.txt").read_text().split()) == ["0?", "0?", "1?", "1?", "2?", "2?"]
