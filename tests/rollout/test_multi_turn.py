@@ -716,3 +716,37 @@ def test_rloo_eval_runs_the_config_s_environment(tmp_path, capsys):
     results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
     assert results["eval/rewards/Noted/mean"] == pytest.approx(0.25) and results["eval/reward"] == pytest.approx(0.25)
     assert sorted((tmp_path / "resets.txt").read_text().split()) == ["0?", "0?", "1?", "1?", "2?", "2?"]
+
+
+# ------------------------------------------------------------------ bad inputs (docs/errors.md, "Tools and environments")
+
+
+def test_tool_and_environment_inputs_are_refused_by_name(tmp_path):
+    from types import SimpleNamespace
+
+    from rloo.builders import build_multi_turn
+    from rloo.rollout.multi_turn import MultiTurnRollout
+    from rloo.tools import check_tool_template, tool_schemas
+    from rloo.toy import build_char_tokenizer
+
+    with pytest.raises(ConfigError, match="max_tool_calling_iterations must be >= 0"):
+        _config(tmp_path, max_tool_calling_iterations=-1)
+    with pytest.raises(ConfigError, match="tool_call_timeout must be > 0 seconds"):
+        _config(tmp_path, tool_call_timeout=0)
+    with pytest.raises(ConfigError, match="two tools are named 'add'"):
+        tool_schemas([add, add])
+    with pytest.raises(ConfigError, match="tool 5 is not callable"):
+        tool_schemas([5])
+    no_template = build_char_tokenizer()
+    no_template.chat_template = None
+    with pytest.raises(ConfigError, match="tools need a chat template"):
+        check_tool_template(no_template, None)
+
+    class NoReset:
+        pass
+
+    with pytest.raises(ConfigError, match="the environment NoReset .* has no `reset` method"):
+        MultiTurnRollout(None, 8, 8, None, {0}, environment_factories={None: NoReset})
+    trainer = SimpleNamespace(args=_config(tmp_path), tokenizer=None, sampler=None)
+    with pytest.raises(ConfigError, match="give either rollout_func or tools / environment_factory, not both"):
+        build_multi_turn(trainer, [add], None, lambda prompts, trainer: {})
