@@ -425,15 +425,22 @@ def test_training_with_tools_on_the_shared_prefix_and_lora_paths(tmp_path, optio
     assert torch.isfinite(torch.tensor(trainer.state.log_history[-1]["train_loss"]))
 
 
-def test_exact_resume_with_tools(tmp_path):
-    """Training 4 steps straight and 2 + resume 2 give the same weights (environments are not checkpointed;
-    the scripted sampler is stateless, so the two runs see the same trajectories)."""
-    straight, _ = _trainer(tmp_path / "a", call_then_answer, tools=[add], args=_config(tmp_path / "a", max_steps=4))
+def count_up(text, row):
+    return "done" if "<tool_response>" in text else call("increment", step=row + 1)
+
+
+@pytest.mark.parametrize("script, options", [(call_then_answer, dict(tools=[add])),
+                                             (count_up, dict(environment_factory=Counter, reward_funcs=None))],
+                         ids=["tools", "environment"])
+def test_exact_resume_with_tools(tmp_path, script, options):
+    """Training 4 steps straight and 2 + resume 2 give the same weights (environments are not checkpointed:
+    each trajectory's is reset from its row, so the resumed run's fresh instances behave the same; the
+    scripted sampler is stateless, so the two runs see the same trajectories)."""
+    straight, _ = _trainer(tmp_path / "a", script, **options, args=_config(tmp_path / "a", max_steps=4))
     straight.train()
-    first, _ = _trainer(tmp_path / "b", call_then_answer, tools=[add], args=_config(tmp_path / "b", max_steps=4,
-                                                                                    save_steps=2))
+    first, _ = _trainer(tmp_path / "b", script, **options, args=_config(tmp_path / "b", max_steps=4, save_steps=2))
     first.train()  # leaves checkpoint-2
-    resumed, _ = _trainer(tmp_path / "b", call_then_answer, tools=[add],
+    resumed, _ = _trainer(tmp_path / "b", script, **options,
                           args=_config(tmp_path / "b", max_steps=4, save_steps=2, overwrite_output_dir=False))
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "run" / "checkpoint-2"))
     for name, p in straight.model.named_parameters():
