@@ -20,7 +20,7 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from rloo.cli.parser import parse_train_args
-    from rloo.cli.rewards import load_object, resolve_reward_func
+    from rloo.cli.rewards import resolve_reward_func, tool_arguments
     from rloo.data.loading import first_rows, held_out_split, load_prompt_dataset
     from rloo.run.console import format_value
     from rloo.run.safe_text import visible
@@ -59,10 +59,7 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     trainer = RLOOTrainer(model=options.model, args=config, processing_class=tokenizer,
                           reward_funcs=[resolve_reward_func(spec, tokenizer) for spec in script.reward_funcs],
                           train_dataset=_one_rollout_of(dataset, config), eval_dataset=dataset,
-                          # the config's tools and environments: its trajectories are scored as training scored them
-                          tools=[load_object(spec, "tool") for spec in script.tools] or None,
-                          environment_factory=load_object(script.environment_factory, "environment_factory")
-                          if script.environment_factory else None)
+                          **tool_arguments(script))  # the config's tools and environments, as training ran them
     metrics = trainer.evaluate()
     if trainer.accelerator.is_main_process:
         # evaluate() returns each figure as "eval/x" and as transformers' "eval_x": one is shown and kept.
