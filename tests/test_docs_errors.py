@@ -344,6 +344,88 @@ def _(tmp_path):
     return trainer_error(reward_funcs=[zeros], reward_model=[zeros], args=RLOOConfig(output_dir=str(tmp_path)))
 
 
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+@case("two_tools_with_one_name")
+def _(tmp_path):
+    from rloo.tools import tool_schemas
+
+    return raised(lambda: tool_schemas([add, add]))
+
+
+@case("a_tool_that_is_not_callable")
+def _(tmp_path):
+    from rloo.tools import tool_schemas
+
+    return raised(lambda: tool_schemas([5]))
+
+
+@case("a_tool_without_a_docstring")
+def _(tmp_path):
+    from rloo.tools import tool_schemas
+
+    def undocumented(a: int) -> int:
+        return a
+
+    return raised(lambda: tool_schemas([undocumented]))
+
+
+@case("tools_with_a_tokenizer_without_a_chat_template")
+def _(tmp_path):
+    from rloo.tools import check_tool_template
+    from rloo.toy import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = None
+    return raised(lambda: check_tool_template(tokenizer, None))
+
+
+@case("tools_with_a_template_that_drops_tool_messages")
+def _(tmp_path):
+    from rloo.tools import check_tool_template
+    from rloo.toy import build_char_tokenizer
+
+    return raised(lambda: check_tool_template(build_char_tokenizer(), None))
+
+
+@case("an_environment_without_reset")
+def _(tmp_path):
+    from rloo.rollout.multi_turn import MultiTurnRollout
+
+    class NoReset:
+        pass
+
+    return raised(lambda: MultiTurnRollout(None, 8, 8, None, {0}, environment_factories={None: NoReset}))
+
+
+def multi_turn_error(tmp_path: Path, tools: list | None, environment_factory=None, **config) -> str:
+    """build_multi_turn's refusal of a rollout_func beside other options (checked before anything runs)."""
+    from types import SimpleNamespace
+
+    from rloo.builders import build_multi_turn
+
+    trainer = SimpleNamespace(args=RLOOConfig(output_dir=str(tmp_path), **config), tokenizer=None, sampler=None)
+    return raised(lambda: build_multi_turn(trainer, tools, environment_factory, lambda prompts, trainer: {}))
+
+
+@case("rollout_func_with_tools")
+def _(tmp_path):
+    return multi_turn_error(tmp_path, [add])
+
+
+@case("rollout_func_with_async_rollouts")
+def _(tmp_path):
+    return multi_turn_error(tmp_path, None, async_rollouts=True)
+
+
 # --- the tests ------------------------------------------------------------------------------------
 
 BUILT = [row for row in ROWS if row["Built by"] != "see Test"]

@@ -309,9 +309,10 @@ def build_multi_turn(trainer: Any, tools: Sequence[Any] | None, environment_fact
     if rollout_func is not None and (tools or environment_factory is not None):
         raise ConfigError("rollout_func replaces the whole rollout, tool calls included; give either rollout_func or "
                           "tools / environment_factory, not both.")
-    if args.async_rollouts or args.dynamic_sampling:
-        raise ConfigError("tools, environment_factory and rollout_func run in the trainer's own rollout; "
-                          "async_rollouts and dynamic_sampling are not supported with them yet. Turn those off.")
+    if rollout_func is not None and args.async_rollouts:
+        raise ConfigError("rollout_func generates with what it reaches through the trainer, not the async sampler's "
+                          "copy of the weights, so async_rollouts cannot say which weights sampled a rollout. Set "
+                          "async_rollouts=False with rollout_func (tools and environment_factory work with it).")
     factories = None
     if environment_factory is not None:
         factories = dict(environment_factory) if isinstance(environment_factory, dict) else {None: environment_factory}

@@ -361,7 +361,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self._logs = trainer_api.trl_logs(samples.prompts, samples.completions, [fn.name for fn in self.reward_functions],
                                           rollout.reward_columns, rollout.advantages.tolist(), samples.extra)
         if self.args.log_completions:
-            rows = completion_rows(samples.prompts, samples.completions, [fn.name for fn in self.reward_functions],
+            rows = completion_rows(samples.prompts, samples.shown(), [fn.name for fn in self.reward_functions],
                                    rollout.reward_columns, rollout.scores.tolist(), rollout.advantages.tolist(),
                                    self.global_step, self.args.num_completions_to_print, samples.extra)
             self.logger.log_completions(rows, self.global_step)

@@ -3,6 +3,8 @@ the KL and the lengths; tool failures as messages; environments; rollout_func; T
 
 import asyncio
 import json
+import os
+import threading
 import time
 
 import pytest
@@ -232,6 +234,42 @@ def test_call_and_failure_frequencies_are_logged(tmp_path):
     assert last["tools/failure_frequency"] == pytest.approx(1 / 2)
 
 
+def test_the_completions_table_file_and_report_show_each_trajectory_turn_by_turn(tmp_path, capsys):
+    """log_completions: the console table, completions.jsonl and `rloo report` show the model's turns, its
+    tool calls and the tool results marked (`tool ▸ add → 3`); a tool's markup, escapes and HTML stay inert."""
+    from rloo.run.report import build_report
+
+    def note(text: str) -> str:
+        """Echo a note.
+
+        Args:
+            text: The note.
+        """
+        return "[bold]x[/bold] <b>y</b> \x1b[2J"
+
+    def script(text, row):
+        if "<tool_response>" in text:
+            return "it is done"
+        return call("add", a=1, b=2) if row % 2 == 0 else call("note", text="hi")
+
+    trainer, _ = _trainer(tmp_path, script, tools=[add, note], args=_config(tmp_path, log_completions=True))
+    trainer.train()
+    shown = capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert rows[0]["completion"] == [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add",
+                                                                                           "arguments": {"a": 1, "b": 2}}}]},
+        {"role": "tool", "name": "add", "content": "3"},
+        {"role": "assistant", "content": "it is done"}]
+    assert rows[1]["completion"][1] == {"role": "tool", "name": "note", "content": "[bold]x[/bold] <b>y</b> \x1b[2J"}
+    assert 'call \u25b8 add {"a": 1, "b": 2}' in shown and "tool \u25b8 add \u2192 3" in shown
+    assert "[bold]x[/bold] <b>y</b> \\x1b[2J" in shown and "\x1b" not in shown
+    assert "'role'" not in shown and "<tool_response>" not in shown
+    page = build_report(tmp_path / "run").read_text(encoding="utf-8")
+    assert "tool \u25b8 add \u2192 3" in page and "[bold]x[/bold] &lt;b&gt;y&lt;/b&gt; \\x1b[2J" in page
+    assert "<b>y</b>" not in page
+
+
 def test_max_tool_calling_iterations_and_the_completion_budget(tmp_path):
     """A model that always calls: rounds stop at max_tool_calling_iterations; the budget counts tool tokens."""
     always = lambda text, row: call("add", a=1, b=2)  # noqa: E731
@@ -388,15 +426,22 @@ def test_training_with_tools_on_the_shared_prefix_and_lora_paths(tmp_path, optio
     assert torch.isfinite(torch.tensor(trainer.state.log_history[-1]["train_loss"]))
 
 
-def test_exact_resume_with_tools(tmp_path):
-    """Training 4 steps straight and 2 + resume 2 give the same weights (environments are not checkpointed;
-    the scripted sampler is stateless, so the two runs see the same trajectories)."""
-    straight, _ = _trainer(tmp_path / "a", call_then_answer, tools=[add], args=_config(tmp_path / "a", max_steps=4))
+def count_up(text, row):
+    return "done" if "<tool_response>" in text else call("increment", step=row + 1)
+
+
+@pytest.mark.parametrize("script, options", [(call_then_answer, dict(tools=[add])),
+                                             (count_up, dict(environment_factory=Counter, reward_funcs=None))],
+                         ids=["tools", "environment"])
+def test_exact_resume_with_tools(tmp_path, script, options):
+    """Training 4 steps straight and 2 + resume 2 give the same weights (environments are not checkpointed:
+    each trajectory's is reset from its row, so the resumed run's fresh instances behave the same; the
+    scripted sampler is stateless, so the two runs see the same trajectories)."""
+    straight, _ = _trainer(tmp_path / "a", script, **options, args=_config(tmp_path / "a", max_steps=4))
     straight.train()
-    first, _ = _trainer(tmp_path / "b", call_then_answer, tools=[add], args=_config(tmp_path / "b", max_steps=4,
-                                                                                    save_steps=2))
+    first, _ = _trainer(tmp_path / "b", script, **options, args=_config(tmp_path / "b", max_steps=4, save_steps=2))
     first.train()  # leaves checkpoint-2
-    resumed, _ = _trainer(tmp_path / "b", call_then_answer, tools=[add],
+    resumed, _ = _trainer(tmp_path / "b", script, **options,
                           args=_config(tmp_path / "b", max_steps=4, save_steps=2, overwrite_output_dir=False))
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "run" / "checkpoint-2"))
     for name, p in straight.model.named_parameters():
@@ -544,3 +589,173 @@ def test_an_environment_can_own_the_data(tmp_path):
                           train_dataset=routed)
     trainer.collector.collect(trainer.train_dataset.to_list())
     assert trainer.environments[0].row == {}
+
+
+# ------------------------------------------------------------------ dynamic sampling and async rollouts
+
+
+def test_dynamic_sampling_with_tools_keeps_each_trajectory_with_its_masks_and_turns(tmp_path):
+    """Prompts 0+1 and 2+3 call the tool in both generations (zero spread, dropped while other groups differ);
+    the others call in one generation of two. The rollout assembled over rounds keeps, row by row, the tool
+    mask, the score and the logged turns of the same trajectory."""
+    def script(text, row):
+        if "<tool_response>" in text:
+            return "done"
+        return call("add", a=1, b=2) if ("0+1?" in text or "2+3?" in text or row % 2 == 0) else "no tool"
+
+    def used_the_tool(completions, **kwargs):
+        return [float(any(m["role"] == "tool" for m in c)) for c in completions]
+
+    trainer, _ = _trainer(tmp_path, script, tools=[add], reward_funcs=[used_the_tool], train_dataset=_dataset(8),
+                          args=_config(tmp_path, dynamic_sampling=True, dynamic_sampling_max_rounds=3,
+                                       log_completions=True, num_completions_to_print=4))
+    seen = []
+    original = trainer.learner.step
+    trainer.learner.step = lambda batch: seen.append(batch) or original(batch)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert rows and all(row["used_the_tool"] == float(any(m["role"] == "tool" for m in row["completion"])) for row in rows)
+    assert seen
+    for batch in seen:
+        called = (batch.completion_mask.bool() & ~batch.tool_mask.bool()).any(dim=1)  # tool tokens present
+        assert called.tolist() == (batch.advantages > 0).tolist()  # one caller per kept group, rewarded 1
+    last = [entry for entry in trainer.state.log_history if "dynamic_sampling/dropped_frac" in entry][-1]
+    assert last["dynamic_sampling/dropped_frac"] > 0 and last["tools/call_frequency"] > 0
+
+
+class WhereRun:
+    """An environment noting, in `record_to`, the process and thread of every reset and which instance."""
+
+    record_to = None
+
+    def reset(self, **row):
+        with open(WhereRun.record_to, "a") as handle:
+            handle.write(json.dumps([os.getpid(), threading.current_thread().name, id(self)]) + "\n")
+
+    def double(self, x: int) -> int:
+        """Double a number.
+
+        Args:
+            x: the number
+        """
+        self.doubled = 2 * x
+        return self.doubled
+
+    def get_reward(self):
+        return float(getattr(self, "doubled", 0))
+
+
+@pytest.mark.parametrize("worker", ["process", "thread"])
+def test_async_rollouts_with_an_environment_run_the_sampler_s_own_environments(tmp_path, worker, monkeypatch):
+    import functools
+
+    from rloo.rollout.async_rollouts import AsyncRollouts
+
+    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    monkeypatch.setattr(WhereRun, "record_to", str(tmp_path / "resets.jsonl"))
+
+    def script(text, row):
+        return "done" if "<tool_response>" in text else (call("double", x=row + 1) if row % 2 == 0 else "no")
+
+    trainer, _ = _trainer(tmp_path, script, environment_factory=WhereRun, reward_funcs=None,
+                          args=_config(tmp_path, async_rollouts=True, max_steps=3))
+    trainer_instances = {id(e) for pool in trainer.multi_turn.environment_pool.values() for e in pool}
+    trainer.train()
+    resets = [json.loads(line) for line in (tmp_path / "resets.jsonl").read_text().splitlines()]
+    assert len(resets) >= 3 * 4  # every rollout's trajectories reset an environment
+    if worker == "process":
+        assert all(pid != os.getpid() for pid, _, _ in resets)
+    else:
+        assert all(name.startswith("rloo-sampler") for _, name, _ in resets)
+        assert not {instance for _, _, instance in resets} & trainer_instances  # the trainer's are never used
+    logged = [entry for entry in trainer.state.log_history if "tools/call_frequency" in entry]
+    assert logged and all(entry["tools/call_frequency"] == pytest.approx(0.5) for entry in logged)
+    assert all(entry["reward"] > 0 for entry in logged)  # get_reward of the sampler's environments scored them
+
+
+def test_rollout_func_with_async_rollouts_is_refused(tmp_path):
+    tokenizer = tool_tokenizer()
+    with pytest.raises(ConfigError, match="rollout_func .* async_rollouts=False"):
+        RLOOTrainer(model=_model(tokenizer), reward_funcs=[contains_answer],
+                    args=_config(tmp_path, async_rollouts=True), train_dataset=_dataset(),
+                    processing_class=tokenizer, rollout_func=lambda prompts, trainer: {})
+
+
+# ------------------------------------------------------------------ rloo eval
+
+
+def test_rloo_eval_runs_the_config_s_environment(tmp_path, capsys):
+    """`rloo eval` with a config naming an environment_factory: its environments are reset for every
+    trajectory and their get_reward scores them (eval/rewards/<class>), as in training."""
+    import textwrap
+
+    from rloo.cli import main
+
+    tokenizer = tool_tokenizer()
+    _model(tokenizer).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}?"}]})
+                                                      for a in range(3)))
+    (tmp_path / "env.py").write_text(textwrap.dedent(f"""\
+        class Noted:
+            def reset(self, **row):
+                with open({str(tmp_path / "resets.txt")!r}, "a") as handle:
+                    handle.write(row["prompt"][-1]["content"] + "\\n")
+
+            def note(self, text: str) -> str:
+                \"\"\"Note a text.
+
+                Args:
+                    text: the text
+                \"\"\"
+                return text
+
+            def get_reward(self):
+                return 0.25
+        """))
+    (tmp_path / "run.yaml").write_text(textwrap.dedent(f"""\
+        dataset_name: {tmp_path / "prompts.jsonl"}
+        environment_factory: {tmp_path / "env.py"}:Noted
+        output_dir: {tmp_path / "out"}
+        per_device_train_batch_size: 4
+        num_generations: 2
+        max_completion_length: 4
+        """))
+    main(["eval", "--model", str(tmp_path / "model"), "--config", str(tmp_path / "run.yaml")])
+    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert results["eval/rewards/Noted/mean"] == pytest.approx(0.25) and results["eval/reward"] == pytest.approx(0.25)
+    assert sorted((tmp_path / "resets.txt").read_text().split()) == ["0?", "0?", "1?", "1?", "2?", "2?"]
+
+
+# ------------------------------------------------------------------ bad inputs (docs/errors.md, "Tools and environments")
+
+
+def test_tool_and_environment_inputs_are_refused_by_name(tmp_path):
+    from types import SimpleNamespace
+
+    from rloo.builders import build_multi_turn
+    from rloo.rollout.multi_turn import MultiTurnRollout
+    from rloo.tools import check_tool_template, tool_schemas
+    from rloo.toy import build_char_tokenizer
+
+    with pytest.raises(ConfigError, match="max_tool_calling_iterations must be >= 0"):
+        _config(tmp_path, max_tool_calling_iterations=-1)
+    with pytest.raises(ConfigError, match="tool_call_timeout must be > 0 seconds"):
+        _config(tmp_path, tool_call_timeout=0)
+    with pytest.raises(ConfigError, match="two tools are named 'add'"):
+        tool_schemas([add, add])
+    with pytest.raises(ConfigError, match="tool 5 is not callable"):
+        tool_schemas([5])
+    no_template = build_char_tokenizer()
+    no_template.chat_template = None
+    with pytest.raises(ConfigError, match="tools need a chat template"):
+        check_tool_template(no_template, None)
+
+    class NoReset:
+        pass
+
+    with pytest.raises(ConfigError, match="the environment NoReset .* has no `reset` method"):
+        MultiTurnRollout(None, 8, 8, None, {0}, environment_factories={None: NoReset})
+    trainer = SimpleNamespace(args=_config(tmp_path), tokenizer=None, sampler=None)
+    with pytest.raises(ConfigError, match="give either rollout_func or tools / environment_factory, not both"):
+        build_multi_turn(trainer, [add], None, lambda prompts, trainer: {})

@@ -70,6 +70,40 @@ def test_chat_prompts_read_as_turns():
     assert display("plain") == "plain" and display(0.123456) == "0.1235" and display([1, 2]) == "[1, 2]"
 
 
+HOSTILE_TOOL_RESULT = "[bold]5[/bold] <script>alert(1)</script> \x1b[2J\r\u202e</td>"
+TRAJECTORY = [
+    {"role": "assistant", "content": "Let me add.",
+     "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+    {"role": "tool", "name": "add", "content": HOSTILE_TOOL_RESULT},
+    {"role": "assistant", "content": "It is 5."},
+]
+
+
+def test_a_trajectory_reads_turn_by_turn_with_tool_calls_and_results_marked():
+    assert display(TRAJECTORY).split("\n") == [
+        "assistant: Let me add.", 'call \u25b8 add {"a": 2, "b": 3}',
+        f"tool \u25b8 add \u2192 {HOSTILE_TOOL_RESULT}", "assistant: It is 5."]
+    # a turn that only calls shows no empty "assistant:" line; a malformed call's raw arguments show as they came
+    only_calls = [{"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "add", "arguments": '{"a": 2,'}}]}]
+    assert display(only_calls) == 'call \u25b8 add {"a": 2,'
+
+
+def test_a_tool_result_with_markup_escapes_and_html_renders_inert():
+    """Tool output is untrusted: in the console table, completions.jsonl and the report it is shown as text."""
+    rows = completion_rows([[{"role": "user", "content": "2+3?"}]], [TRAJECTORY], ["f"], torch.tensor([[1.0]]), [1.0],
+                           [0.5], 1, 4)
+    shown = render(completions_table(rows, 1, 4), width=400)
+    flat = shown.replace("\u2502", "").replace("\n", "").replace(" ", "")
+    assert "tool\u25b8add\u2192[bold]5[/bold]<script>alert(1)</script>\\x1b[2J\\r\\u202e</td>" in flat
+    assert "\x1b" not in shown and "\r" not in shown and "\u202e" not in shown
+    page = completions_html(rows)
+    assert ("tool \u25b8 add \u2192 [bold]5[/bold] &lt;script&gt;alert(1)&lt;/script&gt; \\x1b[2J\\r\\u202e&lt;/td&gt;"
+            in page)
+    assert "<script>" not in page and "\x1b" not in page
+    assert json.loads(json.dumps(rows[0]))["completion"] == TRAJECTORY  # the file keeps the messages as they were
+
+
 def test_reward_function_log_lines_show_names_and_errors_as_text(caplog):
     from rloo.rewards.scoring import RewardFunction, score_completions
 

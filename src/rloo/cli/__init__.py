@@ -17,7 +17,7 @@ import traceback
 from typing import Any, Sequence
 
 from rloo.cli.parser import parse_train_args
-from rloo.cli.rewards import load_object, resolve_reward_func
+from rloo.cli.rewards import resolve_reward_func, tool_arguments
 from rloo.compat import config_fields, trl_flags
 from rloo.config import ConfigError
 from rloo.run.safe_text import visible
@@ -69,9 +69,7 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         peft_config=peft_config,
-        tools=[load_object(spec, "tool") for spec in script.tools] or None,
-        environment_factory=load_object(script.environment_factory, "environment_factory")
-        if script.environment_factory else None,
+        **tool_arguments(script),
         **script.trainer_kwargs,
     )
     trainer.train(resume_from_checkpoint=resume)

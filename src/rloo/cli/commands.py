@@ -20,7 +20,7 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from rloo.cli.parser import parse_train_args
-    from rloo.cli.rewards import resolve_reward_func
+    from rloo.cli.rewards import resolve_reward_func, tool_arguments
     from rloo.data.loading import first_rows, held_out_split, load_prompt_dataset
     from rloo.run.console import format_value
     from rloo.run.safe_text import visible
@@ -36,8 +36,9 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     parser.add_argument("--model", required=True, help="A directory written by save_model or a checkpoint-N.")
     options, rest = parser.parse_known_args(argv)
     script, config, _ = parse_train_args(rest)
-    if not script.dataset_name or not script.reward_funcs:
-        raise ConfigError("rloo eval needs --dataset_name and --reward_funcs (as flags or YAML keys).")
+    if not script.dataset_name or not (script.reward_funcs or script.environment_factory):
+        raise ConfigError("rloo eval needs --dataset_name and --reward_funcs (as flags or YAML keys; an "
+                          "--environment_factory with get_reward may stand in for the last).")
     # Nothing is trained: no tracker run is opened and the run length is irrelevant. (replace() rebuilds the
     # config from its own fields; the TRL values it was given, such as per_device_eval_batch_size, are carried.)
     trl_values = config.__dict__.get("_trl_values", {})
@@ -57,7 +58,8 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     tokenizer = model_loading.from_pretrained(AutoTokenizer.from_pretrained, options.model, "model")
     trainer = RLOOTrainer(model=options.model, args=config, processing_class=tokenizer,
                           reward_funcs=[resolve_reward_func(spec, tokenizer) for spec in script.reward_funcs],
-                          train_dataset=_one_rollout_of(dataset, config), eval_dataset=dataset)
+                          train_dataset=_one_rollout_of(dataset, config), eval_dataset=dataset,
+                          **tool_arguments(script))  # the config's tools and environments, as training ran them
     metrics = trainer.evaluate()
     if trainer.accelerator.is_main_process:
         # evaluate() returns each figure as "eval/x" and as transformers' "eval_x": one is shown and kept.

@@ -107,3 +107,11 @@ def _build_factory_reward(name: str, arguments: str, tokenizer: Any,
     except TypeError as error:
         raise ConfigError(f"reward {name}: {error}. Its arguments: {inspect.signature(factory)}.") from None
     return factory(**kwargs)
+
+
+def tool_arguments(script: Any) -> dict[str, Any]:
+    """RLOOTrainer's `tools` and `environment_factory` from the script's `tools: [file.py:fn]` and
+    `environment_factory: file.py:Class` (rloo train and rloo eval take the same)."""
+    return {"tools": [load_object(spec, "tool") for spec in script.tools] or None,
+            "environment_factory": load_object(script.environment_factory, "environment_factory")
+            if script.environment_factory else None}

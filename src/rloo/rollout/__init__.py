@@ -125,6 +125,14 @@ class Samples:
     completions: list[str]  # (B,) decoded completion text
     extra: dict[str, list] = field(default_factory=dict)  # columns reward functions added with log_extra
     metrics: dict[str, float] = field(default_factory=dict)  # means of what they logged with log_metric
+    turns: list | None = None  # (B,) multi-turn: each trajectory's messages (None for a rollout_func row); else None
+
+    def shown(self) -> list:
+        """The completions as the tables and completions.jsonl show them: a trajectory as its messages
+        (read turn by turn, tool results marked, by `safe_text.display`), a single completion as its text."""
+        if self.turns is None:
+            return list(self.completions)
+        return [text if messages is None else messages for text, messages in zip(self.completions, self.turns)]
 
 
 @dataclass
@@ -239,7 +247,8 @@ class RolloutCollector:
         metrics = reward_log.metrics()
         if episodes is not None and self.multi_turn is not None and self.multi_turn.rollout_func is None:
             metrics.update(episodes.metrics())
-        return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns), metrics=metrics)
+        return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns), metrics=metrics,
+                               turns=None if episodes is None else list(episodes.messages))
 
     def kl_terms(self, sampled: SampledBatch, from_engine: bool
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:

@@ -27,6 +27,14 @@ a process needs a free core; a vLLM server generates on its own machine while th
 training process only: the sampler must not take part in collective calls. In the child, reward
 functions see `trainer_state` as it was when the rollout was queued.
 
+With tools or an environment_factory (`multi_turn`), the sampler runs its own copy of the multi-turn
+stage (`MultiTurnRollout.for_sampler`): its environments are made by the factories for it and never
+used by the trainer's evaluation, so no instance is shared between threads. In a forked child, tools and
+environments run in the child: a tool that changes state of the training process (a global, an object
+made before training) changes the child's copy only, and the trainer's `environments` attribute stays
+empty. A `rollout_func` is refused (`builders.build_multi_turn`): it generates with whatever it reaches
+through the trainer, not the sampler's snapshot, so pi_old and the staleness would not describe it.
+
 Every wait has a timeout (`async_rollout_timeout`) that raises naming what waited for what.
 """
 
@@ -208,7 +216,9 @@ class AsyncRollouts:
         if with_engine:
             collector.sampler.prepare(self.snapshot)
         self.board = WeightBoard(self.snapshot, separate=max_staleness > 1)
-        sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True)
+        # With tools, the sampler runs its own copy of the multi-turn stage: its environments are its own.
+        multi_turn = None if collector.multi_turn is None else collector.multi_turn.for_sampler()
+        sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True, multi_turn=multi_turn)
         if worker == "process":
             self.board.share_memory()
             self.runner: ThreadCollector | ForkedCollector = ForkedCollector(sampler_collector, self.board)

@@ -83,7 +83,8 @@ def select_samples(samples: list[Samples], picks: list[tuple[int, int]]) -> Samp
     extra = {key: [cell(key, r, i) for r, i in picks] for key in samples[0].extra}
     return Samples(prompts=[samples[r].prompts[i] for r, i in picks],
                    completions=[samples[r].completions[i] for r, i in picks], extra=extra,
-                   metrics=dict(samples[0].metrics))
+                   metrics=dict(samples[0].metrics),
+                   turns=None if samples[0].turns is None else [samples[r].turns[i] for r, i in picks])
 
 
 @dataclass

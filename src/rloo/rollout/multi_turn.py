@@ -25,6 +25,7 @@ placed on each turn's last token) would replace that sum with (B, C) per-token r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -144,6 +145,12 @@ class MultiTurnRollout:
             self.schemas[name] = tool_schemas(tools)
         if any(self.schemas.values()):  # an environment without methods needs no tool template
             check_tool_template(self.tokenizer, self.chat_template_kwargs)
+
+    def for_sampler(self) -> "MultiTurnRollout":
+        """A copy for `async_rollouts`' sampler (a thread or a forked process): the same tools and factories,
+        its own environments (a fresh pool: no instance is ever used by the sampler and the trainer's own
+        rollouts or evaluation at once) and its own per-rollout state."""
+        return dataclasses.replace(self, environment_pool={}, schemas={}, pending_calls={}, environments=None)
 
     @property
     def multi_environment(self) -> bool:

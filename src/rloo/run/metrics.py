@@ -108,12 +108,12 @@ class MetricsWindow:
         return means
 
 
-def completion_rows(prompts: Sequence[Any], completions: Sequence[str], reward_names: Sequence[str],
+def completion_rows(prompts: Sequence[Any], completions: Sequence[Any], reward_names: Sequence[str],
                     reward_columns: torch.Tensor, scores: Sequence[float], advantages: Sequence[float],
                     step: int, max_rows: int, extra: dict[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
     """The first max_rows completions as rows: step, prompt, completion, each reward function's
     value (None where it did not apply), the shaped score, the advantage, and the columns reward
-    functions added with TRL's `log_extra`."""
+    functions added with TRL's `log_extra`. A multi-turn completion is its messages (`Samples.shown`)."""
     rows = []
     for index in range(min(max_rows, len(completions))):
         per_function = {name: (None if math.isnan(v) else v) for name, v in zip(reward_names, reward_columns[index].tolist())}

@@ -10,7 +10,8 @@ surrogates (from a JSON file) that no terminal encoding accepts. Shown raw, such
   `\\u202e`, `\\udc80`); `keep` names the characters left as they are (newline and tab in a table cell).
 - `console_text(value)`: a rich `Text` of `visible(display(value))`: rich never reads markup or emoji
   codes in a `Text`, so the cell shows exactly the characters.
-- `display(value)`: how a value reads: a chat prompt as its turns (`user: ...` lines), a float to 4
+- `display(value)`: how a value reads: a chat prompt as its turns (`user: ...` lines; a multi-turn
+  trajectory's tool calls as `call ▸ add {...}` and tool results as `tool ▸ add → 5`), a float to 4
   significant digits, anything else as `str`.
 - `html_text(value)`: `display`, `visible`, then `html.escape`: for `rloo report`.
 - `tracker_text(value)`: the raw text, only with lone surrogates escaped so that every tracker can
@@ -24,6 +25,7 @@ better unescaped), so the literal four characters `\\x1b` and an escaped ESC loo
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 from typing import Any
@@ -35,6 +37,7 @@ from rich.text import Text
 # surrogates. Newline and tab are C0 too; `keep` decides whether they stay.
 UNSAFE = "\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _PATTERNS: dict[str, re.Pattern[str]] = {}
+CALL_MARK, RESULT_MARK = "\u25b8", "\u2192"  # ▸ before a tool call or a tool's name, → before its result
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -53,9 +56,23 @@ def visible(value: Any, keep: str = "") -> str:
     return _pattern(keep).sub(_escape, value if isinstance(value, str) else str(value))
 
 
+def tool_call_line(call: Any) -> str:
+    """One tool call of an assistant turn as `call ▸ name {"arguments": ...}` (the arguments as JSON;
+    a malformed call's raw argument text as it came)."""
+    function = call.get("function", call) if isinstance(call, dict) else {}
+    arguments = function.get("arguments", "") if isinstance(function, dict) else ""
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False, default=str)
+    name = function.get("name", "?") if isinstance(function, dict) else str(call)
+    return f"call {CALL_MARK} {name} {arguments}".rstrip()
+
+
 def chat_turns(messages: list[Any]) -> str:
     """A conversation (TRL's list of {"role", "content"} messages) as one `role: content` line per
-    turn; a content given as parts shows its text parts and names the others (`<image>`)."""
+    turn; a content given as parts shows its text parts and names the others (`<image>`). A multi-turn
+    trajectory reads turn by turn: an assistant turn's tool calls each on a `call ▸ add {"a": 2, "b": 3}`
+    line, and each tool result marked as `tool ▸ add → 5`, so that what a tool returned (untrusted, like
+    the rest) is never read as the model's words."""
     lines = []
     for message in messages:
         if not isinstance(message, dict):
@@ -66,7 +83,15 @@ def chat_turns(messages: list[Any]) -> str:
             content = " ".join(str(part.get("text", "")) if isinstance(part, dict) and part.get("type") == "text"
                                else f"<{part.get('type', 'part')}>" if isinstance(part, dict) else str(part)
                                for part in content)
-        lines.append(f"{message.get('role', '?')}: {content}")
+        content = "" if content is None else content
+        role = message.get("role", "?")
+        calls = message.get("tool_calls") or []
+        if role == "tool":
+            lines.append(f"tool {CALL_MARK} {message.get('name', '?')} {RESULT_MARK} {content}")
+            continue
+        if content or not calls:
+            lines.append(f"{role}: {content}")
+        lines.extend(tool_call_line(call) for call in (calls if isinstance(calls, list) else [calls]))
     return "\n".join(lines)
 
 
