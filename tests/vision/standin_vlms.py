@@ -34,8 +34,11 @@ def model(family: str, seed: int = 0) -> torch.nn.Module:
     text = config.get_text_config()
     if getattr(text, "layer_types", None) is not None:
         text.layer_types = text.layer_types[: text.num_hidden_layers]
-    torch.manual_seed(seed)
     built = getattr(transformers, standin.model_class)(config)
+    vlm_standins.init_small_weights(built, seed)
+    for parameter in built.parameters():  # Gemma 3's projector is a bare zero-initialised matrix: the image would not count
+        if parameter.dim() >= 2 and not parameter.any():
+            torch.nn.init.xavier_uniform_(parameter.data)
     tokenizer = processor(family).tokenizer
     built.generation_config.eos_token_id = tokenizer.eos_token_id
     built.generation_config.pad_token_id = tokenizer.pad_token_id
