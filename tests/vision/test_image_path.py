@@ -10,6 +10,7 @@ import torch
 import rloo.update as update_module
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.algo.logprobs import completion_logprobs
+from rloo.config import ConfigError
 
 
 def _config(tmp_path, **overrides):
@@ -116,3 +117,54 @@ def test_the_image_changes_the_logprobs_of_the_no_grad_and_training_passes(tmp_p
     micro.vision = _other_images(micro.vision, 2)
     trainer.learner.micro_batch_loss(micro)
     assert torch.allclose(seen[0], seen[1]) and (seen[0] - seen[2]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(("overrides", "processing", "match"), [
+    ({"sampler": "fast"}, "processor", "sampler='generate'"),
+    ({"dynamic_sampling": True}, "processor", "dynamic_sampling=True"),
+    ({}, "tokenizer", "not a multimodal processor"),
+])
+def test_unsupported_combinations_are_refused_by_name(tmp_path, overrides, processing, match):
+    processor = standin_vlms.processor("gemma3")
+    with pytest.raises(ConfigError, match=match):
+        RLOOTrainer(standin_vlms.model("gemma3"), _length_reward, args=_config(tmp_path, **overrides),
+                    train_dataset=standin_vlms.image_dataset(4),
+                    processing_class=processor if processing == "processor" else processor.tokenizer)
+
+
+def test_text_prompts_with_images_and_long_prompts_are_refused(tmp_path):
+    from datasets import Dataset
+
+    rows = Dataset.from_dict({"prompt": ["count the squares", "and these"], "image": standin_vlms.images(2)})
+    trainer = RLOOTrainer(standin_vlms.model("gemma3"), _length_reward, args=_config(tmp_path), train_dataset=rows,
+                          processing_class=standin_vlms.processor("gemma3"))
+    with pytest.raises(ConfigError, match="must be conversational"):
+        trainer.train()
+    trainer = RLOOTrainer(standin_vlms.model("gemma3"), _length_reward, args=_config(tmp_path, max_prompt_length=8),
+                          train_dataset=standin_vlms.image_dataset(2), processing_class=standin_vlms.processor("gemma3"))
+    with pytest.raises(ConfigError, match="not truncated"):
+        trainer.train()
+
+
+def test_images_column_paths_and_placeholders(tmp_path):
+    """`images` (a list per row) as file paths, with {"type": "image"} placeholders placed by the user."""
+    from datasets import Dataset
+
+    paths = []
+    for index, image in enumerate(standin_vlms.images(4)):
+        paths.append(str(tmp_path / f"{index}.png"))
+        image.save(paths[-1])
+    prompt = [{"role": "user", "content": [{"type": "text", "text": "left"}, {"type": "image"},
+                                           {"type": "text", "text": "right"}, {"type": "image"}]}]
+    rows = Dataset.from_dict({"prompt": [prompt, prompt], "images": [paths[:2], paths[2:]]})
+    seen = []
+
+    def reward(completions, images, **kwargs):
+        seen.extend(images)
+        return [1.0] * len(completions)
+
+    trainer = RLOOTrainer(standin_vlms.model("llava_next"), reward, args=_config(tmp_path), train_dataset=rows,
+                          processing_class=standin_vlms.processor("llava_next"))
+    trainer.train()
+    assert seen[0] == paths[:2] and len(seen) == 4  # rewards get the column as the dataset holds it, as in TRL
+    assert trainer.collector.images.encode([rows[0]])[1].num_images == [2]
