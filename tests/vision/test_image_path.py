@@ -168,3 +168,31 @@ def test_images_column_paths_and_placeholders(tmp_path):
     trainer.train()
     assert seen[0] == paths[:2] and len(seen) == 4  # rewards get the column as the dataset holds it, as in TRL
     assert trainer.collector.images.encode([rows[0]])[1].num_images == [2]
+
+
+@pytest.mark.parametrize("log_multimodal", [True, False])
+def test_log_multimodal_writes_the_images_next_to_the_completions_and_the_report_shows_them(tmp_path, log_multimodal):
+    import json
+
+    from rloo.run.report import build_report
+
+    args = _config(tmp_path, log_completions=True, log_multimodal=log_multimodal, num_completions_to_print=3)
+    RLOOTrainer(standin_vlms.model("gemma3"), _length_reward, args=args, train_dataset=standin_vlms.image_dataset(4),
+                processing_class=standin_vlms.processor("gemma3")).train()
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    page = build_report(run).read_text()
+    if not log_multimodal:
+        assert "image" not in rows[0] and "<img src=\"images/" not in page
+        return
+    assert len(rows) == 3 and rows[0]["image"] == rows[1]["image"] and rows[0]["image"] != rows[2]["image"]
+    assert all((run / path).is_file() for row in rows for path in row["image"])
+    assert page.count('<img src="images/') == 3
+
+
+def test_the_report_shows_only_its_own_image_files_as_images():
+    from rloo.run.report import completions_html
+
+    page = completions_html([{"step": 1, "prompt": "p", "completion": "c",
+                              "image": ['x" onerror="alert(1)', "http://example.com/a.png"]}])
+    assert "<img" not in page and "onerror=\"" not in page

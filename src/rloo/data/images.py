@@ -202,3 +202,32 @@ def language_model_only(peft_config: Any, model: Any) -> Any:
     config = copy.copy(peft_config)
     config.exclude_modules = VISION_MODULES
     return config
+
+
+def save_images(images: list[Any], folder: str | Path) -> list[str]:
+    """Write each image as a PNG under `folder`, named by its content's hash (a group's K rows, and the same
+    image at later steps, share one file); returns the paths relative to folder's parent ("images/<hash>.png")."""
+    import hashlib
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for image in images:
+        buffer = io.BytesIO()
+        open_image(image).save(buffer, format="PNG")
+        name = hashlib.sha256(buffer.getvalue()).hexdigest()[:16] + ".png"
+        if not (folder / name).exists():
+            (folder / name).write_bytes(buffer.getvalue())
+        names.append(f"{folder.name}/{name}")
+    return names
+
+
+def logged_image_files(rows: list[dict[str, Any]], column: str, num_generations: int, num_rows: int,
+                       output_dir: str | Path) -> list[list[str] | None]:
+    """log_multimodal: for each of the B = rows * K completions, the files of its prompt's images (written under
+    output_dir/images/) for the first `num_rows` completions (the rows the completions table shows), None after."""
+    files: list[list[str] | None] = []
+    for index in range(len(rows) * num_generations):
+        row = rows[index // num_generations]
+        files.append(save_images(row_images(row, column), Path(output_dir) / "images") if index < num_rows else None)
+    return files

@@ -22,7 +22,7 @@ from rloo.algo.off_policy import kept_log_mass, sampler_correction_weights
 from rloo.algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
 from rloo.algo.shaping import shape_scores
 from rloo.config import RLOOConfig
-from rloo.data.images import ImagePromptEncoder, VisionInputs
+from rloo.data.images import ImagePromptEncoder, VisionInputs, logged_image_files
 from rloo.data.prompts import as_completions, is_conversational, tokenize_prompts
 from rloo.dist.sharding import full_weights_for_generation
 from rloo.generation.base import SampledBatch, Sampler, model_token_mask
@@ -242,9 +242,18 @@ class RolloutCollector:
             for fn in self.reward_functions:
                 reward_log.log_metric(f"rewards/{fn.name}/errors", scored.errors.get(fn.name, 0))
         metrics = reward_log.metrics()
+        self.log_image_files(rows, num_generations, reward_log)
         if episodes is not None and self.multi_turn is not None and self.multi_turn.rollout_func is None:
             metrics.update(episodes.metrics())
         return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns), metrics=metrics)
+
+    def log_image_files(self, rows: list[dict[str, Any]], num_generations: int, reward_log: RewardLog) -> None:
+        """log_multimodal: the logged completions' prompt images as files, in their "image" column (`data.images`)."""
+        args = self.args
+        if self.images is None or not (args.log_completions and args.log_multimodal and self.accelerator.is_main_process):
+            return
+        reward_log.columns["image"] = logged_image_files(rows, self.images.column, num_generations,
+                                                         args.num_completions_to_print, args.output_dir)
 
     def kl_terms(self, sampled: SampledBatch, from_engine: bool
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
