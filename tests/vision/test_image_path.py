@@ -196,3 +196,23 @@ def test_the_report_shows_only_its_own_image_files_as_images():
     page = completions_html([{"step": 1, "prompt": "p", "completion": "c",
                               "image": ['x" onerror="alert(1)', "http://example.com/a.png"]}])
     assert "<img" not in page and "onerror=\"" not in page
+
+
+def test_micro_batches_iterations_and_eval_carry_each_rows_image(tmp_path):
+    """Micro-batches of 2 rows (one group each), two iterations (pi_old kept), and evaluate(): every forward of
+    the vision tower gets as many images as its rows."""
+    model = standin_vlms.model("llava_next")
+    calls = []
+    _vision_tower(model).register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(torch.is_grad_enabled()), with_kwargs=True)
+    args = _config(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2, num_iterations=2,
+                   max_steps=2)
+    trainer = RLOOTrainer(model, _length_reward, args=args, train_dataset=standin_vlms.image_dataset(4),
+                          eval_dataset=standin_vlms.image_dataset(2, seed=1),
+                          processing_class=standin_vlms.processor("llava_next"))
+    trainer.train()
+    # generate (1 call), pi_old (2 micro-batches), then 2 steps x 2 micro-batches with grad; the final eval's generate
+    assert calls.count(True) == 4 and calls[:3] == [False, False, False], calls
+    before = len(calls)
+    metrics = trainer.evaluate()
+    assert "eval/reward" in metrics and len(calls) > before and not any(calls[before:])
