@@ -260,6 +260,10 @@ class RLOOConfig:
     """Print a table of sample prompts, completions and rewards every logging_steps."""
     num_completions_to_print: int = 4
     """Rows in the sample-completions table."""
+    log_multimodal: bool = True
+    """With log_completions and prompts with images (docs/vision.md): each logged row's images are written as PNG
+    files under output_dir/images/ (named by content, so a group's K rows share them) and the row's "image"
+    column names them; `rloo report` shows them as thumbnails (TRL's name)."""
     log_level: str = "passive"
     """How much the libraries underneath print (TRL's name). "passive" (the default) hides transformers'
     and datasets' progress bars ("Loading weights", "Writing model shards", "Generating train split")

@@ -403,7 +403,6 @@ TRL_FIELDS: dict[str, Answer] = {
     "ref_model_sync_steps": accepted(512, "optimizer steps between reference syncs (sync_ref_model)",
                                      ok=lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
     "num_completions_to_print": mapped(None, "None keeps 4 rows (TRL: all)", _none_to_default("num_completions_to_print")),
-    "log_multimodal": accepted(True, "completions are text only"),
     "log_unique_prompts": not_yet(False, "de-duplicated prompt logging", "leave it False"),
     # --- TRL v0 names (besides the config.ALIASES renames) ---
     "exp_name": mapped(None, "TRL v0 -> run_name", _none_to_default("run_name")),

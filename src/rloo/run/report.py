@@ -24,6 +24,7 @@ import html
 import io
 import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -287,10 +288,21 @@ def completions_html(rows: list[dict[str, Any]], per_step: int = 8) -> str:
     for step in sorted(by_step, key=lambda s: (isinstance(s, str), s if isinstance(s, int) else 0, str(s))):
         columns = list(by_step[step][0])
         head = "".join(f"<th>{html_text(c)}</th>" for c in columns if c != "step")
-        body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in columns if c != "step") + "</tr>"
+        body = "".join("<tr>" + "".join(f"<td>{_thumbnails(r.get(c)) if c == 'image' else _cell(r.get(c))}</td>"
+                                        for c in columns if c != "step") + "</tr>"
                        for r in by_step[step][:per_step])
         parts.append(f"<h3>step {html.escape(str(step))}</h3><table><tr>{head}</tr>{body}</table>")
     return "".join(parts) or "<p>No completions were logged (log_completions=False).</p>"
+
+
+_IMAGE_FILE = re.compile(r"images/[0-9a-f]{16}\.png")
+
+
+def _thumbnails(value: Any) -> str:
+    """log_multimodal's "image" column: thumbnails of `data.images.save_images`' files; any other value as text."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and _IMAGE_FILE.fullmatch(v) for v in value):
+        return _cell(value)
+    return "".join(f'<img src="{html.escape(v, quote=True)}" width="64" alt="prompt image">' for v in value)
 
 
 def _cell(value: Any) -> str:
