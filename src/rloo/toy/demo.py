@@ -76,12 +76,16 @@ def _task(argv: Sequence[str] | None) -> tuple[str, list[str]]:
     return known.task, rest
 
 
+def _tool_demo(argv: list[str]) -> dict:
+    from rloo.toy.tool_demo import main as tool_demo_main
+
+    return tool_demo_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     task, rest = _task(argv)
     if task == "add_tool":  # the tool task has options of its own (rloo demo --task add_tool --help)
-        from rloo.toy.tool_demo import main as tool_demo_main
-
-        return tool_demo_main(rest)
+        return _tool_demo(rest)
     parser = build_parser()
     options = parser.parse_args(rest)
     if not 1 <= options.num_eval <= ADDITION_NUM_EVAL:

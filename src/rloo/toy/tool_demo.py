@@ -22,7 +22,14 @@ import torch
 
 from rloo.config import RLOOConfig
 from rloo.rewards import exact_match
-from rloo.toy.tool_task import MAX_COMPLETION_LENGTH, TOOL_FRACTION, add, evaluate_with_tool, tool_addition_split, warm_started_tool_model
+from rloo.toy.tool_task import (
+    MAX_COMPLETION_LENGTH,
+    TOOL_FRACTION,
+    add,
+    evaluate_with_tool,
+    tool_addition_split,
+    warm_started_tool_model,
+)
 from rloo.trainer import RLOOTrainer
 
 
