@@ -109,3 +109,13 @@ def test_evaluate_with_tool_runs_the_tool_on_a_model_that_calls_it():
     _, held_out = tool_addition_split(4, 4, seed=1)
     figures = evaluate_with_tool(model, tokenizer, held_out, max_new_tokens=4)
     assert figures == {"accuracy": 0.0, "tool_call_rate": 0.0}  # a random model neither calls nor adds
+
+
+def test_evaluate_with_tool_runs_the_tool_and_scores_the_second_turn():
+    """Every first turn calls add (k = 0 of the scripted sampler): right only when the tool's result comes back."""
+    tokenizer = build_tool_tokenizer()
+    _, held_out = tool_addition_split(4, 4, seed=1)
+    sampler = CopyingSampler(tokenizer)
+    assert evaluate_with_tool(None, tokenizer, held_out, sampler=sampler) == {"accuracy": 1.0, "tool_call_rate": 1.0}
+    assert evaluate_with_tool(None, tokenizer, held_out, sampler=sampler, use_tool=False) == {
+        "accuracy": 0.0, "tool_call_rate": 1.0}

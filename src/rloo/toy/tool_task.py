@@ -147,16 +147,19 @@ def warm_started_tool_model(
 @torch.no_grad()
 def evaluate_with_tool(
     model: transformers.PreTrainedModel, tokenizer: Any, dataset: Dataset, *, use_tool: bool = True,
-    max_new_tokens: int = 64, batch_size: int = 256,
+    max_new_tokens: int = 64, batch_size: int = 256, sampler: Any = None,
 ) -> dict[str, float]:
     """Greedy held-out accuracy and tool-call rate, over two turns: the first turn; where it called the tool
     (and `use_tool`), the tool's result appended as tokens and a second turn. The answer is the last turn's text.
 
+    `sampler` (any `Sampler`) replaces the greedy `FastSampler`, e.g. a scripted one in tests.
+
     Returns:
         {"accuracy": fraction exactly right, "tool_call_rate": fraction whose first turn made a tool call}.
     """
-    model.eval()
-    sampler = FastSampler(pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
+    if model is not None:
+        model.eval()
+    sampler = sampler or FastSampler(pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
                           max_new_tokens=max_new_tokens, do_sample=False)
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     finals, calls_made = [], 0
@@ -182,7 +185,7 @@ def evaluate_with_tool(
     return {"accuracy": accuracy, "tool_call_rate": calls_made / max(len(answers), 1)}
 
 
-def _turn(sampler: FastSampler, model: Any, tokenizer: Any, prompt_ids: list[list[int]]) -> list[tuple[list[int], str]]:
+def _turn(sampler: Any, model: Any, tokenizer: Any, prompt_ids: list[list[int]]) -> list[tuple[list[int], str]]:
     """(ids up to and including EOS, decoded text) of one greedy turn per prompt."""
     batch = sampler.sample(model, prompt_ids, num_generations=1)
     turns = []
