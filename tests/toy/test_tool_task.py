@@ -119,3 +119,11 @@ def test_evaluate_with_tool_runs_the_tool_and_scores_the_second_turn():
     assert evaluate_with_tool(None, tokenizer, held_out, sampler=sampler) == {"accuracy": 1.0, "tool_call_rate": 1.0}
     assert evaluate_with_tool(None, tokenizer, held_out, sampler=sampler, use_tool=False) == {
         "accuracy": 0.0, "tool_call_rate": 1.0}
+
+
+def test_rloo_demo_task_add_tool_reaches_the_tool_demo(capsys):
+    from rloo.toy.demo import main
+
+    with pytest.raises(SystemExit):
+        main(["--task", "add_tool", "--help"])
+    assert "rloo demo --task add_tool" in capsys.readouterr().out
