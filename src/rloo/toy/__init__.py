@@ -20,6 +20,8 @@ own pieces.
   successes to learn from and room to improve.
 - `early_stopping`: the warm start's stop on the greedy accuracy of recent training rows.
 - `demo`: the `rloo demo` command.
+- `tool_task`, `tool_demo`: a task that needs a tool (four-digit additions with an `add` tool) and
+  `rloo demo --task add_tool`.
 
 This package re-exports the names the tests, benchmarks and docs use; the rest (the special
 tokens, the warm start's calibrated defaults) live in the submodules.

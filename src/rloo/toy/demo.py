@@ -62,12 +62,32 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"Held-out problems for greedy accuracy (at most {ADDITION_NUM_EVAL}: "
                              "the warm start never saw them).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the data, the warm start and RLOO.")
+    parser.add_argument("--task", choices=("addition", "add_tool"), default="addition",
+                        help="addition (this demo) or add_tool: four-digit additions with an `add` tool "
+                             "(rloo demo --task add_tool --help).")
     return parser
 
 
+def _task(argv: Sequence[str] | None) -> tuple[str, list[str]]:
+    """(the --task chosen, the other arguments): "addition" (this demo) or "add_tool" (`toy.tool_demo`)."""
+    chooser = argparse.ArgumentParser(add_help=False)
+    chooser.add_argument("--task", choices=("addition", "add_tool"), default="addition")
+    known, rest = chooser.parse_known_args(argv)
+    return known.task, rest
+
+
+def _tool_demo(argv: list[str]) -> dict:
+    from rloo.toy.tool_demo import main as tool_demo_main
+
+    return tool_demo_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    task, rest = _task(argv)
+    if task == "add_tool":  # the tool task has options of its own (rloo demo --task add_tool --help)
+        return _tool_demo(rest)
     parser = build_parser()
-    options = parser.parse_args(argv)
+    options = parser.parse_args(rest)
     if not 1 <= options.num_eval <= ADDITION_NUM_EVAL:
         parser.error(f"--num_eval must be between 1 and {ADDITION_NUM_EVAL}: "
                      "more would include problems the warm start trained on.")

@@ -1,0 +1,195 @@
+"""A toy task that needs a tool: additions too long for a tiny model, with an `add` tool.
+
+The prompt is a conversation `[{"role": "user", "content": "4821+1907="}]` whose answer ("6728")
+a ~1M-parameter model cannot compute itself in minutes of training, but can copy: it writes a
+Hermes call `<tool_call>{"name": "add", "arguments": {"a": 4821, "b": 1907}}</tool_call>`, the
+rollout runs `add` and appends `<tool_response>6728</tool_response>`, and the model's next turn
+repeats the result. The reward (`rloo.rewards.exact_match`) reads the final assistant message only.
+
+A tiny word-level model never discovers that format by sampling, so a short supervised warm start
+(`warm_started_tool_model`) shows it the whole exchange on a fraction of its rows
+(`TOOL_FRACTION`) and a direct answer on the others: afterwards it calls the tool on about that
+fraction of prompts, and answers the rest itself, mostly wrongly. RL then has something to
+improve: calling the tool is what gets rewarded.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+import transformers
+from datasets import Dataset
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from rloo.data.prompts import tokenize_prompts
+from rloo.generation import FastSampler
+from rloo.rewards import exact_match
+from rloo.tools import parse_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
+from rloo.toy.models import build_tiny_model
+from rloo.toy.tokenizer import CHARACTERS, MODEL_MAX_LENGTH, SPECIAL_TOKENS
+from rloo.toy.warm_start import supervised_warm_start
+
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# Qwen-style: `<eos>` ends every message (as `<|im_end|>` does), so a turn that calls a tool ends at EOS.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}{{ 'system: tools' }}{% for t in tools %}{{ ' ' + t.function.name }}{% endfor %}{{ '<eos>\\n' }}"
+    "{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{{ 'assistant: ' + m.content }}"
+    "{%- for c in m.tool_calls or [] %}{{ '<tool_call>' }}"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}{{ '</tool_call>' }}{% endfor %}"
+    "{{ '<eos>\\n' }}"
+    "{%- elif m.role == 'tool' %}{{ 'tool: <tool_response>' + m.content + '</tool_response><eos>\\n' }}"
+    "{%- else %}{{ m.role + ': ' + m.content + '<eos>\\n' }}{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
+DIGITS = 4  # operands up to 9999: the tiny model does not learn that in minutes, and copies it easily
+TOOL_FRACTION = 0.3  # warm-start rows that show the tool call; the others answer directly
+MAX_COMPLETION_LENGTH = 96  # a call (about 50 tokens), the tool's message (about 30) and the answer
+# `rloo demo`'s model size (toy.warm_start.DEMO_WARM_START): 1.0M parameters.
+TOOL_MODEL_KWARGS: dict[str, Any] = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+                                     "intermediate_size": 512}
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return int(a) + int(b)
+
+
+def build_tool_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """The toy's character tokenizer plus braces and the four Hermes tool tags (one token each),
+    with `TOOL_CHAT_TEMPLATE`, which renders tools, tool calls and tool results."""
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + TOOL_TOKENS + tuple(CHARACTERS + "{}"))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>",
+        additional_special_tokens=["<think>", "</think>"], padding_side="left", model_max_length=MODEL_MAX_LENGTH,
+        clean_up_tokenization_spaces=False)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    return tokenizer
+
+
+def tool_addition_split(num_train: int, num_eval: int, *, seed: int = 0, digits: int = DIGITS) -> tuple[Dataset, Dataset]:
+    """Disjoint train and held-out sets of distinct additions, as conversational prompts.
+
+    Returns:
+        (train, eval) Datasets with "prompt" ([{"role": "user", "content": "a+b="}]) and "answer" (str(a + b)).
+    """
+    high = 10**digits
+    rng = random.Random(seed)
+    pairs: dict[tuple[int, int], None] = {}
+    while len(pairs) < num_train + num_eval:
+        pairs[(rng.randrange(high), rng.randrange(high))] = None
+    rows = [{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "answer": str(a + b)} for a, b in pairs]
+    as_dataset = lambda part: Dataset.from_list(part)  # noqa: E731
+    return as_dataset(rows[num_eval:]), as_dataset(rows[:num_eval])
+
+
+def operands(prompt: list[dict[str, str]]) -> tuple[int, int]:
+    """(a, b) of a prompt "a+b=" (its last message)."""
+    a, b = prompt[-1]["content"].rstrip("=").split("+")
+    return int(a), int(b)
+
+
+def tool_exchange_text(tokenizer: Any, prompt: list[dict[str, str]], answer: str) -> tuple[str, str]:
+    """(prompt text, completion text) of the exchange that uses the tool, as the chat template renders it:
+    the call, the tool's message, the answer. The completion ends before the final EOS."""
+    a, b = operands(prompt)
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
+    conversation = [*prompt, {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "name": "add", "content": str(add(a, b))}, {"role": "assistant", "content": answer}]
+    tools = tool_schemas([add])
+    prompt_text = tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False)
+    assert full.startswith(prompt_text) and full.endswith(tokenizer.eos_token + "\n")
+    return prompt_text, full[len(prompt_text): -len(tokenizer.eos_token + "\n")]
+
+
+def warm_start_rows(tokenizer: Any, dataset: Dataset, tool_fraction: float, seed: int = 0) -> Dataset:
+    """The warm start's rows: prompt text and the completion to imitate, the tool exchange on a seeded
+    `tool_fraction` of the rows and the bare answer on the others."""
+    rng = random.Random(seed)
+    prompts, completions = [], []
+    for prompt, answer in zip(dataset["prompt"], dataset["answer"]):
+        prompt_text, exchange = tool_exchange_text(tokenizer, prompt, answer)
+        prompts.append(prompt_text)
+        completions.append(exchange if rng.random() < tool_fraction else answer)
+    return Dataset.from_dict({"prompt": prompts, "answer": completions})
+
+
+def warm_started_tool_model(
+    train_dataset: Dataset, *, seed: int = 0, steps: int = 300, tool_fraction: float = TOOL_FRACTION,
+    learning_rate: float = 1e-3, batch_size: int = 32, model_kwargs: dict[str, Any] | None = None,
+) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
+    """A tiny model (seeded) and its tool tokenizer after `steps` supervised steps on `warm_start_rows`.
+
+    The loss covers the whole completion (the tool's message too; teacher forcing, so the model is told
+    the result either way). Returns (model in eval mode, tokenizer).
+    """
+    tokenizer = build_tool_tokenizer()
+    model = build_tiny_model(tokenizer, seed=seed, **(TOOL_MODEL_KWARGS if model_kwargs is None else model_kwargs))
+    rows = warm_start_rows(tokenizer, train_dataset, tool_fraction, seed)
+    supervised_warm_start(model, tokenizer, rows, steps=steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed)
+    return model, tokenizer
+
+
+@torch.no_grad()
+def evaluate_with_tool(
+    model: transformers.PreTrainedModel, tokenizer: Any, dataset: Dataset, *, use_tool: bool = True,
+    max_new_tokens: int = 64, batch_size: int = 256, sampler: Any = None,
+) -> dict[str, float]:
+    """Greedy held-out accuracy and tool-call rate, over two turns: the first turn; where it called the tool
+    (and `use_tool`), the tool's result appended as tokens and a second turn. The answer is the last turn's text.
+
+    `sampler` (any `Sampler`) replaces the greedy `FastSampler`, e.g. a scripted one in tests.
+
+    Returns:
+        {"accuracy": fraction exactly right, "tool_call_rate": fraction whose first turn made a tool call}.
+    """
+    if model is not None:
+        model.eval()
+    sampler = sampler or FastSampler(pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
+                          max_new_tokens=max_new_tokens, do_sample=False)
+    prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
+    finals, calls_made = [], 0
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start: start + batch_size]
+        prompt_ids = tokenize_prompts(chunk, tokenizer, tokenizer.model_max_length, {"tools": tool_schemas([add])})
+        first = _turn(sampler, model, tokenizer, prompt_ids)
+        parsed = [parse_tool_calls(text) for _, text in first]
+        calling = [i for i, (_, calls) in enumerate(parsed) if calls]
+        calls_made += len(calling)
+        texts = [text for _, text in first]
+        if use_tool and calling:
+            results = run_tool_calls([parsed[i][1] for i in calling], [{"add": add}] * len(calling), 5.0)
+            continued = []
+            for i, turn_results in zip(calling, results):
+                messages = [{"role": "tool", "name": r.name, "content": r.content} for r in turn_results]
+                suffix = tool_suffix_ids(tokenizer, messages, {tokenizer.eos_token_id})
+                continued.append(prompt_ids[i] + first[i][0] + suffix)
+            for i, (_, text) in zip(calling, _turn(sampler, model, tokenizer, continued)):
+                texts[i] = text
+        finals += texts
+    accuracy = sum(exact_match([t.strip() for t in finals], answers)) / max(len(answers), 1)
+    return {"accuracy": accuracy, "tool_call_rate": calls_made / max(len(answers), 1)}
+
+
+def _turn(sampler: Any, model: Any, tokenizer: Any, prompt_ids: list[list[int]]) -> list[tuple[list[int], str]]:
+    """(ids up to and including EOS, decoded text) of one greedy turn per prompt."""
+    batch = sampler.sample(model, prompt_ids, num_generations=1)
+    turns = []
+    for row in range(len(prompt_ids)):
+        ids = batch.completion_ids[row, : int(batch.completion_mask[row].sum())].tolist()
+        turns.append((ids, tokenizer.decode(ids, skip_special_tokens=True)))
+    return turns
