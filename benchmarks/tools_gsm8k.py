@@ -1,0 +1,83 @@
+"""GSM8K with and without the calculator tool: the table and the figure of docs/recipes.md from the runs of
+benchmarks/tools_gsm8k_runs.sh.
+
+    LOCK=/work/wt/longrun.lock bash benchmarks/tools_gsm8k_runs.sh 10 0 1 2   # rloo train, recipe by recipe, seed by seed
+    python benchmarks/tools_gsm8k.py                                           # reads runs/tools-gsm8k/*/metrics.jsonl
+
+Each run is `rloo train --config recipes/gsm8k_tools_cpu.yaml` ("tools") or `recipes/gsm8k_cpu.yaml` ("plain")
+with --eval_split test --eval_on_start true --num_generations_eval 1 --max_eval_samples 64: held-out is one
+completion sampled at the recipe's temperature (0.8) for each of the first 64 test problems, before the first
+step and after the last, scored by gsm8k_accuracy (and, with the tool, eval/tools/call_frequency and
+/failure_frequency). Writes benchmarks/results/tools_gsm8k.json and docs/recipes_gsm8k_tools.png.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "runs" / "tools-gsm8k"
+CURVES = {"accuracy": "rewards/gsm8k_accuracy/mean", "tool calls per trajectory": "tools/call_frequency",
+          "failed / calls": "tools/failure_frequency"}
+
+
+def read_run(folder: Path) -> dict | None:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return None
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    evals = [line for line in lines if "eval/reward" in line]
+    steps = [line for line in lines if "rewards/gsm8k_accuracy/mean" in line and "eval/reward" not in line]
+    held_out = [{"step": e["step"], "accuracy": e["eval/rewards/gsm8k_accuracy/mean"],
+                 "format": e["eval/rewards/gsm8k_format/mean"], "tool_calls": e.get("eval/tools/call_frequency"),
+                 "tool_failures": e.get("eval/tools/failure_frequency")} for e in evals]
+    curves = {name: [s.get(key) for s in steps] for name, key in CURVES.items()}
+    return {"held_out": held_out, "curves": curves, "steps": len(steps),
+            "train_tool_calls": sum(s.get("tools/call_frequency", 0.0) for s in steps) / max(len(steps), 1)}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    colours = {"tools": "tab:blue", "plain": "tab:orange"}
+    for name, run in sorted(results.items()):
+        arm = name.split("-")[0]
+        steps = range(1, run["steps"] + 1)
+        axes[0].plot(steps, run["curves"]["accuracy"], color=colours[arm], alpha=0.7, label=name)
+        if arm == "tools":
+            axes[1].plot(steps, run["curves"]["tool calls per trajectory"], color=colours[arm], label=name)
+        points = [(e["step"], e["accuracy"]) for e in run["held_out"]]
+        axes[2].plot(*zip(*points), marker="o", color=colours[arm], label=name)
+    axes[0].set(title="training accuracy per step (8 trajectories)", xlabel="optimizer step", ylabel="gsm8k_accuracy")
+    axes[1].set(title="tool calls per trajectory (training)", xlabel="optimizer step", ylim=(-0.05, 1.05))
+    axes[2].set(title="held-out accuracy, 64 test problems", xlabel="optimizer step")
+    for axis in axes:
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    results = {folder.name: run for folder in sorted(RUNS.iterdir()) if folder.is_dir() and (run := read_run(folder))}
+    if not results:
+        sys.exit(f"no runs under {RUNS}: run benchmarks/tools_gsm8k_runs.sh first")
+    for name, run in results.items():
+        before, after = run["held_out"][0], run["held_out"][-1] if len(run["held_out"]) > 1 else None
+        print(f"{name}: {run['steps']} steps; held-out accuracy {before['accuracy']:.3f} -> "
+              f"{after['accuracy'] if after else float('nan'):.3f}; tool calls per trajectory held-out "
+              f"{before['tool_calls']} -> {after and after['tool_calls']}, training {run['train_tool_calls']:.3f}")
+    out = ROOT / "benchmarks" / "results" / "tools_gsm8k.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    plot(results, ROOT / "docs" / "recipes_gsm8k_tools.png")
+    print(f"wrote {out} and docs/recipes_gsm8k_tools.png")
+
+
+if __name__ == "__main__":
+    main()
