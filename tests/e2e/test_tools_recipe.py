@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from rloo.assets.smollm2 import smollm2_available, smollm2_folder
-from rloo.cli import load_object, parse_train_args
+from rloo.cli import parse_train_args
+from rloo.cli.rewards import load_object
 from rloo.config import ConfigError
 from rloo.tools import check_tool_template, run_tool_calls, tool_schemas
 from rloo.tools.parsing import ToolCall
