@@ -60,6 +60,17 @@ MISTRAL_TEMPLATE = (
     "{% endfor %}{% endif %}{{ eos_token }}{% endif %}"
     "{% endfor %}"
 )
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ ('USER: ' if message['role'] == 'user' else 'ASSISTANT: ') }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>\\n' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ eos_token if message['role'] == 'assistant' else ' ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
 
 TEXT = {"num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
         "intermediate_size": 32}
@@ -112,6 +123,8 @@ GEMMA4_TOKENS = TokenizerSpec(
 LLAVA_NEXT_TOKENS = TokenizerSpec(32064, {"<unk>": 0, "<s>": 1, "</s>": 2, "<image>": 32000}, eos="</s>", pad="<unk>",
                                   bos="<s>", chat_template=MISTRAL_TEMPLATE, named={"image_token": "<image>"})
 
+LLAVA_TOKENS = TokenizerSpec(**{**LLAVA_NEXT_TOKENS.__dict__, "chat_template": LLAVA_TEMPLATE})
+
 LLAVA_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56]]  # LLaVA-NeXT's any-resolution tiles, at 28-pixel tiles
 
 VLM_STANDINS = [
@@ -135,6 +148,17 @@ VLM_STANDINS = [
                 "mm_tokens_per_image": 16},
                processor_kwargs={"image_seq_length": 16},
                image_processor_kwargs={"size": {"height": 224, "width": 224}}),
+    VLMStandIn("tiny-LlavaForConditionalGeneration", "LlavaConfig", "LlavaForConditionalGeneration",
+               "LlavaProcessor", "CLIPImageProcessor", None, LLAVA_TOKENS,
+               {"text_config": {**TEXT, "model_type": "llama", "vocab_size": 32064, "head_dim": 4, "eos_token_id": 2,
+                                "bos_token_id": 1, "pad_token_id": 0},
+                "vision_config": {"model_type": "clip_vision_model", "hidden_size": 16, "num_attention_heads": 4,
+                                  "num_hidden_layers": 2, "intermediate_size": 32, "image_size": 28, "patch_size": 14,
+                                  "projection_dim": 16},
+                "image_token_index": 32000, "vision_feature_select_strategy": "default", "vision_feature_layer": -2},
+               processor_kwargs={"patch_size": 14, "vision_feature_select_strategy": "default",
+                                 "num_additional_image_tokens": 1},
+               image_processor_kwargs={"size": {"shortest_edge": 28}, "crop_size": {"height": 28, "width": 28}}),
     VLMStandIn("tiny-LlavaNextForConditionalGeneration", "LlavaNextConfig", "LlavaNextForConditionalGeneration",
                "LlavaNextProcessor", "LlavaNextImageProcessor", None, LLAVA_NEXT_TOKENS,
                {"text_config": {**TEXT, "model_type": "mistral", "vocab_size": 32064, "head_dim": 4, "eos_token_id": 2,
