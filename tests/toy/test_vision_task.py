@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rloo.toy.vision_task import (CELL, MAX_COUNT, build_counting_vlm, count_reward, counting_dataset, square_image)
+from rloo.toy.vision_task import CELL, MAX_COUNT, build_counting_vlm, count_reward, counting_dataset, square_image
 
 
 def _cells_with_a_square(image) -> int:
