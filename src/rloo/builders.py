@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, g
 from rloo import model_loading
 from rloo.algo.lean_activations import lean_activations
 from rloo.config import ConfigError, RLOOConfig
+from rloo.data.images import ImagePromptEncoder, image_column, image_token_id, is_processor, language_model_only
 from rloo.data.schedule import PromptSchedule
 from rloo.dist import accelerate_internals, deepspeed_setup, sharding
 from rloo.dist.launch import check_launch
@@ -99,8 +100,11 @@ def check_causal_lm(model: torch.nn.Module) -> None:
 
 
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:
-    """The given tokenizer, or the model's; a missing pad token becomes the EOS token."""
+    """The given tokenizer (a processor's own tokenizer when a multimodal processor is given), or the model's;
+    a missing pad token becomes the EOS token."""
     check_model_name(model)
+    if is_processor(processing_class):
+        processing_class = processing_class.tokenizer
     tokenizer = processing_class if processing_class is not None else model_loading.from_pretrained(
         AutoTokenizer.from_pretrained, model if isinstance(model, str) else model.config._name_or_path, "model",
         **({"trust_remote_code": True} if trust_remote_code else {}),
@@ -130,7 +134,7 @@ def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig
     if peft_config is not None:
         from peft import get_peft_model
 
-        policy = get_peft_model(policy, peft_config)
+        policy = get_peft_model(policy, language_model_only(peft_config, policy))
     if args.disable_dropout:
         for module in policy.modules():
             if isinstance(module, torch.nn.Dropout):
@@ -320,3 +324,37 @@ def build_multi_turn(trainer: Any, tools: Sequence[Any] | None, environment_fact
                             end_ids, tools=list(tools or []), environment_factories=factories, rollout_func=rollout_func,
                             max_tool_calling_iterations=args.max_tool_calling_iterations,
                             tool_call_timeout=args.tool_call_timeout, trainer=trainer)
+
+
+# Options whose stage does not carry image inputs yet: refused by name with images in the dataset (docs/vision.md).
+_IMAGE_REFUSALS = {
+    "shared_prefix_forward": "the shared-prefix training pass does not take image inputs yet; leave it False",
+    "dynamic_sampling": "dynamic sampling's refill rounds do not carry image inputs yet; leave it False",
+}
+
+
+def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) -> ImagePromptEncoder | None:
+    """The stage that renders rows with images through the processor (`data.images`); None for a text dataset.
+    Refuses, by name, what the image path does not take: a tokenizer instead of a processor, a sampler other
+    than `generate`, multi-turn rollouts, and the options of `_IMAGE_REFUSALS`."""
+    args, sampler, multi_turn = trainer.args, trainer.sampler, trainer.multi_turn
+    column = image_column(trainer.train_dataset.column_names)
+    if column is None:
+        return None
+    if not is_processor(processing_class):
+        raise ConfigError(f"train_dataset has an {column!r} column, so the prompts carry images, and processing_class "
+                          f"is {type(processing_class).__name__}, not a multimodal processor. Pass the model's "
+                          f"processor: RLOOTrainer(processing_class=AutoProcessor.from_pretrained(model_id)).")
+    if not isinstance(sampler, GenerateSampler):
+        raise ConfigError(f"prompts with images are sampled by sampler='generate' only; the {args.sampler!r} sampler "
+                          f"({type(sampler).__name__}) does not take image inputs. Set sampler='generate' "
+                          f"(docs/vision.md lists what each sampler supports).")
+    if multi_turn is not None:
+        raise ConfigError("prompts with images do not run with tools, environments or a rollout_func yet; drop the "
+                          f"{column!r} column or the multi-turn arguments.")
+    for name, reason in _IMAGE_REFUSALS.items():
+        if getattr(args, name):
+            raise ConfigError(f"{name}=True with images in the prompts: {reason}.")
+    return ImagePromptEncoder(processing_class, column, args.max_prompt_length,
+                              image_token_id(policy.config, processing_class), dict(args.chat_template_kwargs or {}),
+                              trainer.accelerator.device)

@@ -63,7 +63,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         train_dataset: a `datasets.Dataset` with a "prompt" column (strings, or lists of chat messages);
             other columns reach reward functions.
         eval_dataset: optional prompts scored during and after training (eval/reward).
-        processing_class: the tokenizer; loaded from `model` when None.
+        processing_class: the tokenizer, or a VLM's processor (image/images columns, docs/vision.md); from `model` if None.
         peft_config: a peft config; the policy trains adapters and the reference is the model with
             adapters disabled, so no second copy of the weights is kept.
         reward_model: the name seed scripts use for `reward_funcs`; give one or the other.
@@ -118,7 +118,6 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.model, self.optimizer, self.lr_scheduler = builders.prepare_for_training(acc, policy, optimizers, args,
                                                                                       self.total_steps)
         self.reference = None if reference is None else sharding.prepare_reference(acc, reference)
-
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.sampler = sampler if sampler is not None else builders.default_sampler(args, self.tokenizer,
                                                                                     acc.unwrap_model(self.model))
@@ -126,7 +125,8 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.reward_functions, self.reward_weights = builders.build_rewards(
             args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names, self.multi_turn)
         self.collector = RolloutCollector(args, acc, self.model, self.reference, self.tokenizer, self.sampler,
-                                          self.reward_functions, self.reward_weights, multi_turn=self.multi_turn)
+                                          self.reward_functions, self.reward_weights, multi_turn=self.multi_turn,
+                                          images=builders.image_encoder(self, processing_class, policy))  # data.images
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
         self.dynamic_sampler = DynamicSampler(args, acc, self.collector, train_dataset, self.tokenizer.pad_token_id)
         self.async_rollouts: AsyncRollouts | None = None  # the sampler running ahead, started by train()
@@ -141,10 +141,9 @@ class RLOOTrainer(trainer_api.TrainerAPI):
 
     def _sync_reference(self) -> None:
         """Every ref_model_sync_steps optimizer steps: reference <- (1 - alpha) * reference + alpha * policy."""
-        args = self.args
-        if args.sync_ref_model and self.global_step % args.ref_model_sync_steps == 0:
+        if self.args.sync_ref_model and self.global_step % self.args.ref_model_sync_steps == 0:
             reference_sync.sync_reference(self.accelerator.unwrap_model(self.reference),
-                                          self.accelerator.unwrap_model(self.model), args.ref_model_mixup_alpha)
+                                          self.accelerator.unwrap_model(self.model), self.args.ref_model_mixup_alpha)
 
     def _check_prompts(self, train_dataset: Any, eval_dataset: Any) -> None:
         """Every dataset has usable prompts of an acceptable length (eval_dataset may be a dict)."""

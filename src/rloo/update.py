@@ -175,7 +175,9 @@ class Learner:
             router = {} if self.aux_loss_coef else None
             logps, entropy = completion_logprobs(self.model, input_ids, attention_mask, micro.completion_ids.shape[1],
                                                  args.temperature, with_entropy=True,
-                                                 entropy_grad=args.entropy_coef > 0, router_aux=router)
+                                                 entropy_grad=args.entropy_coef > 0, router_aux=router,
+                                                 model_inputs=None if micro.vision is None else
+                                                 micro.vision.model_kwargs(input_ids))
             self._aux_loss = None if router is None else router.get("aux_loss")
         mask = micro.loss_mask()  # (b, C)
         # Used once, pi_old is the current policy detached (ratio 1, gradient of log pi).

@@ -98,6 +98,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     router_aux: dict | None = None,
+    model_inputs: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and optionally entropies) of the completion tokens of prompt+completion rows.
 
@@ -118,20 +119,24 @@ def completion_logprobs(
         entropy_grad: let the entropies carry grad (for entropy_coef > 0); otherwise they are detached.
         router_aux: a dict to receive a MoE model's router load-balancing loss (`output_router_logits=True`),
             a scalar with grad, under "aux_loss"; None asks for none.
+        model_inputs: more keyword arguments of the forward, one entry per row (a VLM's pixel_values, image_sizes,
+            token_type_ids: `data.images.VisionInputs.model_kwargs`); the rows then run as given (their per-token
+            inputs were derived from this layout), left padding masked.
 
     Returns:
         (B, C) fp32 log-probs of the completion tokens, and (B, C) entropies or None. Values at
         padded completion positions are meaningless (callers mask them).
     """
     head = reachable_head(model)
-    ids, mask, positions, lead = _forward_layout(input_ids, attention_mask, completion_length, tiled=head is not None)
+    ids, mask, positions, lead = _forward_layout(input_ids, attention_mask, completion_length,
+                                                 tiled=head is not None and not model_inputs)
     max_lead = 0 if lead is None else int(lead.max())
     # The last C + 1 positions hold every completion when nothing moved; moving a row's lead of
     # padding back shifts its completion up to max_lead positions earlier.
     keep = completion_length + 1 + max_lead
     extra = {} if router_aux is None else {"output_router_logits": True}
     states = run_to_head(model, head, router_aux, input_ids=ids, attention_mask=mask, position_ids=positions,
-                         logits_to_keep=keep, use_cache=False, **extra)  # (B, keep, H) or (B, keep, V)
+                         logits_to_keep=keep, use_cache=False, **extra, **(model_inputs or {}))  # (B, keep, H) or (B, keep, V)
     if max_lead == 0:
         # Position t predicts token t + 1: the last kept position predicts nothing in the completion.
         states = states[:, :-1]  # (B, C, H|V)

@@ -73,9 +73,16 @@ def _check_prompt_text(prompt: Any, name: str, index: int) -> None:
         if message["role"] not in CHAT_ROLES:
             raise ConfigError(f"{name} row {index}, message {position}: unknown role {message['role']!r}; a chat "
                               f"message's role is one of {CHAT_ROLES}.")
-        if not isinstance(message["content"], str):
+        if not isinstance(message["content"], str) and not _is_content_parts(message["content"]):
             raise ConfigError(f"{name} row {index}, message {position}: 'content' is "
-                              f"{type(message['content']).__name__}, not a string; give every message its text.")
+                              f"{type(message['content']).__name__}, not a string or a list of {{'type': 'text' | 'image'}} "
+                              f"parts; give every message its text.")
+
+
+def _is_content_parts(content: Any) -> bool:
+    """Multimodal content: a list of {"type": "text", "text": ...} and {"type": "image"[, "image": ...]} parts."""
+    return isinstance(content, list) and all(isinstance(part, dict) and part.get("type") in ("text", "image")
+                                             for part in content)
 
 
 def check_vocabulary(tokenizer: Any, model: Any) -> None:
@@ -123,6 +130,8 @@ _LENGTH_CHUNK = 256  # prompts per tokenizer call when measuring lengths
 def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: int, policy: str,
                          chat_template_kwargs: dict[str, Any] | None = None) -> None:
     """Apply `truncate_prompts` up front: warn once with the count ("left") or reject the first long row ("error")."""
+    if any(column in dataset.column_names for column in ("image", "images")):
+        return  # rendered with their images by the processor at sampling time, and refused there when too long
     prompts = list(dataset["prompt"])
     # In chunks: one tokenizer call on a whole dataset holds every row's encoding (offsets, masks) at once, and
     # the allocator keeps that memory after it is freed (139 MB of RSS for GSM8K's 7,473 rows).

@@ -11,7 +11,7 @@ the weights.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -36,6 +36,8 @@ class SampledBatch:
     # `rollout.multi_turn`; TRL's env_mask). None: every completion token is the model's. Tool tokens are
     # attended to (they are in completion_mask) but carry no loss, KL, entropy or length.
     tool_mask: torch.Tensor | None = None
+    # The rows' image inputs (`data.images.VisionInputs`, one row per completion), set by the collector; None: text.
+    vision: Any = None
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -18,10 +19,15 @@ class GenerateSampler(SamplingSettings):
         """Nothing to sync: this sampler runs the policy itself."""
 
     @torch.no_grad()
-    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
+    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
+               vision: Any = None) -> SampledBatch:
+        """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion): the prefill
+        takes every row's copy of its prompt's pixel values; an image token is never sampled (it would need
+        image features the prompt does not have, as TRL suppresses it)."""
         device = next(model.parameters()).device
         repeated = [p for p in prompts for _ in range(num_generations)]  # groups stay contiguous
         prompt_ids, prompt_mask = left_pad(repeated, self.pad_token_id, device)
+        images = {} if vision is None else {**vision.model_kwargs(prompt_ids), "suppress_tokens": [vision.image_token_id]}
         was_training = model.training
         model.eval()
         output = model.generate(
@@ -36,6 +42,7 @@ class GenerateSampler(SamplingSettings):
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             **self.generation_kwargs,
+            **images,
         )
         model.train(was_training)
         completion_ids = output[:, prompt_ids.shape[1]:]  # (B, C), C <= max_new_tokens

@@ -22,6 +22,7 @@ from rloo.algo.off_policy import kept_log_mass, sampler_correction_weights
 from rloo.algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
 from rloo.algo.shaping import shape_scores
 from rloo.config import RLOOConfig
+from rloo.data.images import ImagePromptEncoder, VisionInputs
 from rloo.data.prompts import as_completions, is_conversational, tokenize_prompts
 from rloo.dist.sharding import full_weights_for_generation
 from rloo.generation.base import SampledBatch, Sampler, model_token_mask
@@ -69,6 +70,8 @@ class Rollout:
     # (B, C) 1 at the model's tokens, 0 at tool / environment tokens (multi-turn); None: all the model's.
     # completion_mask says what is attended to, model_mask() what is trained on.
     tool_mask: torch.Tensor | None = None
+    # The rows' image inputs (`data.images.VisionInputs`), one copy of its prompt's tensors per row; None: text only.
+    vision: VisionInputs | None = None
 
     def micro_batch(self, start: int, size: int, pad_to_multiple_of: int | None = None) -> "Rollout":
         """Rows [start, start + size), with padding columns that every row shares trimmed off; with
@@ -106,6 +109,7 @@ class Rollout:
             mismatch=self.mismatch,
             sampler_logps=columns(self.sampler_logps),
             tool_mask=columns(self.tool_mask),
+            vision=None if self.vision is None else self.vision.slice(start, size),
         )
 
     def model_mask(self) -> torch.Tensor:
@@ -143,6 +147,7 @@ class RolloutCollector:
     keep_old_logps: bool = False  # keep pi_old even for one step per rollout (async rollouts train off-policy)
     multi_turn: Any = None  # a `rollout.multi_turn.MultiTurnRollout` when tools, environments or a rollout_func are given
     warned_unscored: bool = False  # the "no reward scored anything" warning was given (it is given once)
+    images: ImagePromptEncoder | None = None  # renders rows with images through the processor; None: text only
 
     @torch.no_grad()
     def collect(self, rows: list[dict[str, Any]], global_step: int = 0, episode: int = 0,
@@ -200,7 +205,7 @@ class RolloutCollector:
             token_advantages=token_advantages,
             has_eos=sampled.has_eos,
             trained=valid & (sampled.has_eos | (not args.mask_truncated_completions)),
-            tool_mask=sampled.tool_mask,
+            tool_mask=sampled.tool_mask, vision=sampled.vision,
         )
         if from_engine:  # the sampler is another engine: measure (and correct) the mismatch
             self.correct_engine_mismatch(rollout, old_logps, sampled)
@@ -303,6 +308,9 @@ class RolloutCollector:
         """Step 1: K completions of each row's prompt and, with tools, environments or a rollout_func, the
         trajectories' `multi_turn.Episodes` (else None)."""
         k = num_generations or self.args.num_generations
+        if self.images is not None:  # the processor renders the conversation and its images (data.images)
+            prompt_ids, vision = self.images.encode(rows)
+            return self.sample_ids(prompt_ids, k, vision), None
         if self.multi_turn is None:
             return self.sample([row["prompt"] for row in rows], k), None
         return self.multi_turn.run(self, rows, k)
@@ -314,12 +322,16 @@ class RolloutCollector:
         prompt_ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs)
         return self.sample_ids(prompt_ids, num_generations or args.num_generations)
 
-    def sample_ids(self, prompt_ids: list[list[int]], num_generations: int) -> SampledBatch:
-        """K completions of each token list, cut after the first stop string (which then counts as an end)."""
+    def sample_ids(self, prompt_ids: list[list[int]], num_generations: int,
+                   vision: VisionInputs | None = None) -> SampledBatch:
+        """K completions of each token list, cut after the first stop string (which then counts as an end).
+        `vision`: the prompts' image inputs (one row per prompt), for samplers that take them."""
         args, acc = self.args, self.accelerator
+        images = {} if vision is None else {"vision": vision.repeat(num_generations)}
         # Sharded (FSDP2 / ZeRO-3): the full weights, gathered once for the whole generation.
         with full_weights_for_generation(acc, self.model, args.ds3_gather_for_generation) as policy, acc.autocast():
-            sampled = self.sampler.sample(policy, prompt_ids, num_generations)
+            sampled = self.sampler.sample(policy, prompt_ids, num_generations, **images)
+        sampled.vision = images.get("vision")
         if args.stop_strings:
             sampled.completion_ids, sampled.completion_mask, sampled.has_eos = cut_at_stop_strings(
                 sampled.completion_ids, sampled.completion_mask, sampled.has_eos,
@@ -355,12 +367,13 @@ class RolloutCollector:
 
         Each group's prompt runs once and its K completions on a copy of its KV cache
         (`algo.prefix_logprobs`), the same log-probs as running every row whole; models whose cache
-        cannot be shared that way (sliding windows), or rows whose groups do not share one prompt,
-        run every row whole."""
+        cannot be shared that way (sliding windows), rows whose groups do not share one prompt, and rows
+        with images (each with a copy of its prompt's vision tensors, `data.images`) run every row whole."""
         completion_length, size = sampled.completion_ids.shape[1], self.args.per_device_train_batch_size
-        group_size = self.args.num_generations
+        group_size, vision = self.args.num_generations, sampled.vision
         with self.accelerator.autocast():
-            if can_share_prompts(model) and groups_share_prompts(sampled.prompt_ids, sampled.prompt_mask, group_size):
+            shared = vision is None and can_share_prompts(model)  # image rows run whole, each with its copy
+            if shared and groups_share_prompts(sampled.prompt_ids, sampled.prompt_mask, group_size):
                 return grouped_completion_logprobs(model, sampled.prompt_ids, sampled.prompt_mask,
                                                    sampled.completion_ids, sampled.completion_mask, group_size,
                                                    self.args.temperature, rows_per_pass=size)
@@ -368,8 +381,10 @@ class RolloutCollector:
             attention_mask = torch.cat([sampled.prompt_mask, sampled.completion_mask], dim=1)
             chunks = []
             for start in range(0, input_ids.shape[0], size):
-                logps, _ = completion_logprobs(model, input_ids[start : start + size],
-                                               attention_mask[start : start + size], completion_length,
-                                               self.args.temperature)
+                ids = input_ids[start : start + size]
+                logps, _ = completion_logprobs(model, ids, attention_mask[start : start + size], completion_length,
+                                               self.args.temperature,
+                                               model_inputs=None if vision is None else
+                                               vision.slice(start, size).model_kwargs(ids))
                 chunks.append(logps)
         return torch.cat(chunks)
