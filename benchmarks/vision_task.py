@@ -7,7 +7,8 @@ Per seed: the tiny LLaVA of `rloo.toy.vision_task` is built from the seed and gi
 (the answer format and partial counting: from random weights RL alone does not find a one-digit answer in a few
 minutes), then trained with RLOO (`count_reward`, 4 completions per prompt, no KL term). Prints and writes held-out
 greedy accuracy before and after RL and the seconds per optimizer step of `trainer.train()` (wall clock).
-Both trainers see the same warm-started weights, data set and RLOOConfig arguments.
+Both trainers see the same warm-started weights, data set and RLOOConfig arguments; rloo is also given
+sampler="generate", the one sampler its image path takes so far.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def run_seed(trainer_name: str, seed: int, steps: int, num_train: int, num_eval:
     warm_start_counting(model, processor, train, steps=WARM_START_STEPS, learning_rate=1e-3, seed=seed)
     before = counting_accuracy(model, processor, held_out)
     with tempfile.TemporaryDirectory() as output_dir:
-        args = RLOOConfig(**config_kwargs(steps, output_dir, seed))
+        # rloo samples prompts with images through `generate` only so far (its fast sampler refuses them).
+        extra = {"sampler": "generate"} if trainer_name == "rloo" else {}
+        args = RLOOConfig(**config_kwargs(steps, output_dir, seed), **extra)
         trainer = RLOOTrainer(model=model, reward_funcs=count_reward, args=args, train_dataset=train,
                               processing_class=processor)
         start = time.perf_counter()
