@@ -144,7 +144,8 @@ VLM_STANDINS = [
                "Gemma3Processor", "Gemma3ImageProcessor", None, GEMMA3_TOKENS,
                {"text_config": {**TEXT, "head_dim": 4, "layer_types": None, "sliding_window": 512},
                 "vision_config": {"num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 4,
-                                  "intermediate_size": 32, "image_size": 224, "patch_size": 14},
+                                  "intermediate_size": 32, "image_size": 224, "patch_size": 14,
+                                  "vision_use_head": False},  # as Gemma 3 checkpoints: no pooling head
                 "mm_tokens_per_image": 16},
                processor_kwargs={"image_seq_length": 16},
                image_processor_kwargs={"size": {"height": 224, "width": 224}}),
