@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 import transformers
 from datasets import Dataset, Features, Image, List, Value
 from standins import TokenizerSpec, build_tokenizer, init_small_weights
@@ -199,6 +200,9 @@ def build_vlm(standin: VLMStandIn, target: Path) -> None:
         text.layer_types = text.layer_types[: text.num_hidden_layers]
     model = getattr(transformers, standin.model_class)(config)
     init_small_weights(model)
+    for param in model.parameters():  # matrices outside nn.Linear that start at zero (Gemma 3's mm_input_projection)
+        if param.dim() >= 2 and not param.any():  # would pass no gradient to the vision tower on the first step
+            torch.nn.init.xavier_uniform_(param.data)
     for name, param in model.named_parameters():
         param.data = param.data.float() if name.endswith(standin.float32_params or ("\0",)) else param.data.bfloat16()
     target.mkdir(parents=True, exist_ok=True)
