@@ -20,6 +20,8 @@ own pieces.
   successes to learn from and room to improve.
 - `early_stopping`: the warm start's stop on the greedy accuracy of recent training rows.
 - `demo`: the `rloo demo` command.
+- `vision_task`: a visual task (count the squares in a seeded image) with a tiny LLaVA and its
+  processor (`build_counting_vlm`), a warm start and greedy accuracy; imported by name, not re-exported.
 
 This package re-exports the names the tests, benchmarks and docs use; the rest (the special
 tokens, the warm start's calibrated defaults) live in the submodules.
