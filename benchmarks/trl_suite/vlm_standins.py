@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 import transformers
 from datasets import Dataset, Features, Image, List, Value
 from standins import TokenizerSpec, build_tokenizer, init_small_weights
@@ -59,6 +60,17 @@ MISTRAL_TEMPLATE = (
     "{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ ' ' + part['text'] }}{% endif %}"
     "{% endfor %}{% endif %}{{ eos_token }}{% endif %}"
     "{% endfor %}"
+)
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ ('USER: ' if message['role'] == 'user' else 'ASSISTANT: ') }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>\\n' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ eos_token if message['role'] == 'assistant' else ' ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
 
 TEXT = {"num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -112,6 +124,8 @@ GEMMA4_TOKENS = TokenizerSpec(
 LLAVA_NEXT_TOKENS = TokenizerSpec(32064, {"<unk>": 0, "<s>": 1, "</s>": 2, "<image>": 32000}, eos="</s>", pad="<unk>",
                                   bos="<s>", chat_template=MISTRAL_TEMPLATE, named={"image_token": "<image>"})
 
+LLAVA_TOKENS = TokenizerSpec(**{**LLAVA_NEXT_TOKENS.__dict__, "chat_template": LLAVA_TEMPLATE})
+
 LLAVA_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56]]  # LLaVA-NeXT's any-resolution tiles, at 28-pixel tiles
 
 VLM_STANDINS = [
@@ -131,10 +145,22 @@ VLM_STANDINS = [
                "Gemma3Processor", "Gemma3ImageProcessor", None, GEMMA3_TOKENS,
                {"text_config": {**TEXT, "head_dim": 4, "layer_types": None, "sliding_window": 512},
                 "vision_config": {"num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 4,
-                                  "intermediate_size": 32, "image_size": 224, "patch_size": 14},
+                                  "intermediate_size": 32, "image_size": 224, "patch_size": 14,
+                                  "vision_use_head": False},  # as Gemma 3 checkpoints: no pooling head
                 "mm_tokens_per_image": 16},
                processor_kwargs={"image_seq_length": 16},
                image_processor_kwargs={"size": {"height": 224, "width": 224}}),
+    VLMStandIn("tiny-LlavaForConditionalGeneration", "LlavaConfig", "LlavaForConditionalGeneration",
+               "LlavaProcessor", "CLIPImageProcessor", None, LLAVA_TOKENS,
+               {"text_config": {**TEXT, "model_type": "llama", "vocab_size": 32064, "head_dim": 4, "eos_token_id": 2,
+                                "bos_token_id": 1, "pad_token_id": 0},
+                "vision_config": {"model_type": "clip_vision_model", "hidden_size": 16, "num_attention_heads": 4,
+                                  "num_hidden_layers": 2, "intermediate_size": 32, "image_size": 28, "patch_size": 14,
+                                  "projection_dim": 16},
+                "image_token_index": 32000, "vision_feature_select_strategy": "default", "vision_feature_layer": -2},
+               processor_kwargs={"patch_size": 14, "vision_feature_select_strategy": "default",
+                                 "num_additional_image_tokens": 1},
+               image_processor_kwargs={"size": {"shortest_edge": 28}, "crop_size": {"height": 28, "width": 28}}),
     VLMStandIn("tiny-LlavaNextForConditionalGeneration", "LlavaNextConfig", "LlavaNextForConditionalGeneration",
                "LlavaNextProcessor", "LlavaNextImageProcessor", None, LLAVA_NEXT_TOKENS,
                {"text_config": {**TEXT, "model_type": "mistral", "vocab_size": 32064, "head_dim": 4, "eos_token_id": 2,
@@ -174,6 +200,9 @@ def build_vlm(standin: VLMStandIn, target: Path) -> None:
         text.layer_types = text.layer_types[: text.num_hidden_layers]
     model = getattr(transformers, standin.model_class)(config)
     init_small_weights(model)
+    for param in model.parameters():  # matrices outside nn.Linear that start at zero (Gemma 3's mm_input_projection)
+        if param.dim() >= 2 and not param.any():  # would pass no gradient to the vision tower on the first step
+            torch.nn.init.xavier_uniform_(param.data)
     for name, param in model.named_parameters():
         param.data = param.data.float() if name.endswith(standin.float32_params or ("\0",)) else param.data.bfloat16()
     target.mkdir(parents=True, exist_ok=True)

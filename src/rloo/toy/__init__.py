@@ -22,6 +22,8 @@ own pieces.
 - `demo`: the `rloo demo` command.
 - `tool_task`, `tool_demo`: a task that needs a tool (four-digit additions with an `add` tool) and
   `rloo demo --task add_tool`.
+- `vision_task`: a visual task (count the squares in a seeded image) with a tiny LLaVA and its
+  processor (`build_counting_vlm`), a warm start and greedy accuracy; imported by name, not re-exported.
 
 This package re-exports the names the tests, benchmarks and docs use; the rest (the special
 tokens, the warm start's calibrated defaults) live in the submodules.
