@@ -99,6 +99,27 @@ def check_causal_lm(model: torch.nn.Module) -> None:
                           f"(model:path) and a causal LM as the model.")
 
 
+def default_processor(processing_class: Any, model: str | PreTrainedModel, train_dataset: Any,
+                      trust_remote_code: bool = False) -> Any:
+    """processing_class, or, for a model id with no processing_class and a dataset with an image column, the
+    model's processor (`AutoProcessor`), as TRL loads it; a tokenizer-only id then fails here, naming the fix."""
+    if processing_class is not None or not isinstance(model, str):
+        return processing_class
+    if image_column(list(getattr(train_dataset, "column_names", None) or [])) is None:
+        return None
+    from transformers import AutoProcessor
+
+    return model_loading.from_pretrained(AutoProcessor.from_pretrained, model, "model",
+                                         **({"trust_remote_code": True} if trust_remote_code else {}))
+
+
+def load_processing_class(processing_class: Any, model: str | PreTrainedModel, train_dataset: Any,
+                          args: RLOOConfig) -> tuple[Any, Any]:
+    """(the processing class, a VLM's processor loaded when needed: `default_processor`; its tokenizer)."""
+    processing_class = default_processor(processing_class, model, train_dataset, args.trust_remote_code)
+    return processing_class, load_tokenizer(processing_class, model, args.trust_remote_code)
+
+
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:
     """The given tokenizer (a processor's own tokenizer when a multimodal processor is given), or the model's;
     a missing pad token becomes the EOS token."""
@@ -117,14 +138,19 @@ def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_re
 
 
 def load_policy(model: str | PreTrainedModel, peft_config: Any, args: RLOOConfig,
-                quantization_config: Any = None) -> torch.nn.Module:
-    """The trained model: loaded by name or taken as given, wrapped with LoRA adapters when asked."""
+                quantization_config: Any = None, processing_class: Any = None) -> torch.nn.Module:
+    """The trained model: loaded by name (a vision-language model, with a processor, as an image-text-to-text
+    model, as TRL loads it) or taken as given, wrapped with LoRA adapters when asked."""
     check_model_name(model)
     if isinstance(model, str):
         init_kwargs = model_loading.model_init_kwargs(args)
         if quantization_config is not None:
             init_kwargs["quantization_config"] = quantization_config
-        policy = model_loading.from_pretrained(AutoModelForCausalLM.from_pretrained, model, "model", **init_kwargs)
+        if is_processor(processing_class):
+            from transformers import AutoModelForImageTextToText as auto_class
+        else:
+            auto_class = AutoModelForCausalLM
+        policy = model_loading.from_pretrained(auto_class.from_pretrained, model, "model", **init_kwargs)
     else:
         model_loading.given_init_kwargs(args, model_is_loaded=True)  # refuses kwargs that would be ignored
         policy = model

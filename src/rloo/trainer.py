@@ -104,11 +104,11 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.accelerator = acc = builders.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
-        self.tokenizer = builders.load_tokenizer(processing_class, model, trust_remote_code=args.trust_remote_code)
+        processing_class, self.tokenizer = builders.load_processing_class(processing_class, model, train_dataset, args)
         train_dataset = trainer_api.train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
         self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
-        policy = builders.load_policy(model, peft_config, args, quantization_config)
+        policy = builders.load_policy(model, peft_config, args, quantization_config, processing_class)
         check_vocabulary(self.tokenizer, policy)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
         reference = builders.build_reference(policy, args)

@@ -43,6 +43,20 @@ def test_train_with_images_runs_and_rewards_get_them(tmp_path, family):
     assert any("language_model" in n for n in changed)
 
 
+@pytest.mark.parametrize("family", ["gemma3", "llava_next"])
+def test_a_model_id_loads_its_processor_and_image_text_class(tmp_path, family):
+    """As TRL does for a VLM given by name: no processing_class -> the model's AutoProcessor, and the model loaded
+    as an image-text-to-text model (AutoModelForCausalLM does not take LLaVA-NeXT's config)."""
+    folder = tmp_path / "vlm"
+    standin_vlms.model(family).save_pretrained(folder)
+    standin_vlms.processor(family).save_pretrained(folder)
+    trainer = RLOOTrainer(str(folder), _length_reward, args=_config(tmp_path),
+                          train_dataset=standin_vlms.image_dataset(4))
+    assert type(trainer.accelerator.unwrap_model(trainer.model)).__name__ == type(standin_vlms.model(family)).__name__
+    assert trainer.collector.images is not None  # the image stage took the loaded processor
+    trainer.train()
+
+
 def _vision_tower(model):
     return next(module for name, module in model.named_modules() if name.endswith("vision_tower"))
 
