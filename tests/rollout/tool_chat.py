@@ -1,7 +1,7 @@
 """A character tokenizer and chat templates that speak Hermes-style tool calls, for the multi-turn tests.
 
-The toy's tokenizer has no braces; this one adds them, and `<tool_call>`, `</tool_call>`,
-`<tool_response>`, `</tool_response>` as single (non-special) tokens. `HERMES` renders tools,
+The tokenizer is the toy tool task's (`rloo.toy.tool_task.build_tool_tokenizer`: the character tokenizer
+plus braces, and `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>` as single tokens). `HERMES` renders tools,
 tool calls and tool results the way Qwen's templates do (`<eos>` ends every message, like
 `<|im_end|>`); `THINK_DROPPING` is the same but renders every assistant turn but the last without
 its `<think>...</think>` block, as Qwen3's template does: re-rendering a conversation with it gives
@@ -11,12 +11,9 @@ other ids than the ones sampled.
 from __future__ import annotations
 
 import transformers
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from rloo.generation.base import SampledBatch, batch_from_token_lists
-from rloo.toy.tokenizer import CHARACTERS, SPECIAL_TOKENS
-
-TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+from rloo.toy.tool_task import build_tool_tokenizer
 
 _MESSAGES = (
     "{%- if tools %}{{ 'system: tools ' }}{% for t in tools %}{{ t.function.name + ' ' }}{% endfor %}{{ '<eos>\\n' }}"
@@ -36,16 +33,9 @@ THINK_DROPPING = _MESSAGES.replace("CONTENT", "(m.content if loop.last else m.co
 
 
 def tool_tokenizer(template: str = HERMES) -> transformers.PreTrainedTokenizerFast:
-    characters = CHARACTERS + "{}"
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + TOOL_TOKENS + tuple(characters))}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>",
-        additional_special_tokens=["<think>", "</think>"], padding_side="left", model_max_length=4096,
-        clean_up_tokenization_spaces=False)
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    """The toy tool task's tokenizer (`rloo.toy.tool_task`) with `template` and room for longer test rows."""
+    tokenizer = build_tool_tokenizer()
+    tokenizer.model_max_length = 4096
     tokenizer.chat_template = template
     return tokenizer
 
