@@ -22,6 +22,7 @@ from rloo.dist import accelerate_internals, deepspeed_setup, sharding
 from rloo.dist.launch import check_launch
 from rloo.dist.sharding import check_supported
 from rloo.generation import FastSampler, GenerateSampler, Sampler
+from rloo.generation.fast import refuse_3d_positions
 from rloo.generation.options import sampler_options
 from rloo.rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
 from rloo.rollout.multi_turn import MultiTurnRollout, environment_reward_function
@@ -363,7 +364,8 @@ _IMAGE_REFUSALS = {
 def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) -> ImagePromptEncoder | None:
     """The stage that renders rows with images through the processor (`data.images`); None for a text dataset.
     Refuses, by name, what the image path does not take: a tokenizer instead of a processor, a sampler other
-    than `generate`, multi-turn rollouts, and the options of `_IMAGE_REFUSALS`."""
+    than `fast` and `generate` (and `fast` for a model with 3-D positions), multi-turn rollouts, and the options
+    of `_IMAGE_REFUSALS`."""
     args, sampler, multi_turn = trainer.args, trainer.sampler, trainer.multi_turn
     column = image_column(trainer.train_dataset.column_names)
     if column is None:
@@ -372,10 +374,12 @@ def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) 
         raise ConfigError(f"train_dataset has an {column!r} column, so the prompts carry images, and processing_class "
                           f"is {type(processing_class).__name__}, not a multimodal processor. Pass the model's "
                           f"processor: RLOOTrainer(processing_class=AutoProcessor.from_pretrained(model_id)).")
-    if not isinstance(sampler, GenerateSampler):
-        raise ConfigError(f"prompts with images are sampled by sampler='generate' only; the {args.sampler!r} sampler "
-                          f"({type(sampler).__name__}) does not take image inputs. Set sampler='generate' "
-                          f"(docs/vision.md lists what each sampler supports).")
+    if not isinstance(sampler, (FastSampler, GenerateSampler)):
+        raise ConfigError(f"prompts with images are sampled by sampler='fast' (the default) or 'generate' only; the "
+                          f"{args.sampler!r} sampler ({type(sampler).__name__}) does not take image inputs. Set "
+                          f"sampler='fast' or 'generate' (docs/vision.md lists what each sampler supports).")
+    if isinstance(sampler, FastSampler):
+        refuse_3d_positions(policy)  # Qwen-VL's mrope: sampler='generate'
     if multi_turn is not None:
         raise ConfigError("prompts with images do not run with tools, environments or a rollout_func yet; drop the "
                           f"{column!r} column or the multi-turn arguments.")

@@ -1,5 +1,6 @@
-"""Tiny Gemma 3 and LLaVA-NeXT models (random float32 weights) with their real processor classes, from the TRL-suite
-stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image data set, for the image-path tests."""
+"""Tiny Gemma 3, LLaVA and LLaVA-NeXT models (random float32 weights) with their real processor classes, from the
+TRL-suite stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image data set, for the image-path tests.
+Qwen2-VL and Qwen2.5-VL build as models only: their processors need torchvision, which is not installed here."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from datasets import Dataset, Features, Image, Value
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "trl_suite"))
 import vlm_standins  # noqa: E402
 
-FAMILIES = {"gemma3": "tiny-Gemma3ForConditionalGeneration", "llava_next": "tiny-LlavaNextForConditionalGeneration"}
+FAMILIES = {"gemma3": "tiny-Gemma3ForConditionalGeneration", "llava": "tiny-LlavaForConditionalGeneration",
+            "llava_next": "tiny-LlavaNextForConditionalGeneration", "qwen2_vl": "tiny-Qwen2VLForConditionalGeneration",
+            "qwen2_5_vl": "tiny-Qwen2_5_VLForConditionalGeneration"}
 
 
 def _standin(family: str) -> vlm_standins.VLMStandIn:
@@ -39,9 +42,10 @@ def model(family: str, seed: int = 0) -> torch.nn.Module:
     for parameter in built.parameters():  # Gemma 3's projector is a bare zero-initialised matrix: the image would not count
         if parameter.dim() >= 2 and not parameter.any():
             torch.nn.init.xavier_uniform_(parameter.data)
-    tokenizer = processor(family).tokenizer
-    built.generation_config.eos_token_id = tokenizer.eos_token_id
-    built.generation_config.pad_token_id = tokenizer.pad_token_id
+    if vlm_standins.buildable(standin):
+        tokenizer = processor(family).tokenizer
+        built.generation_config.eos_token_id = tokenizer.eos_token_id
+        built.generation_config.pad_token_id = tokenizer.pad_token_id
     return built
 
 
@@ -60,3 +64,13 @@ def image_dataset(rows: int = 4, seed: int = 0) -> Dataset:
     return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"How many squares? {i}"}] for i in range(rows)],
                               "image": images(rows, seed), "answer": [str(i) for i in range(rows)]},
                              features=Features(prompt=message, image=Image(), answer=Value("string")))
+
+
+class QwenVLParts:
+    """A Qwen-VL stand-in's tokenizer and image processor, as a processor holds them; without the video processor
+    (it needs torchvision), so it renders nothing: enough for checks made before any prompt is encoded."""
+
+    def __init__(self, family: str) -> None:
+        standin = _standin(family)
+        self.tokenizer = vlm_standins.build_tokenizer(standin.tokenizer)
+        self.image_processor = getattr(transformers, standin.image_processor_class)()

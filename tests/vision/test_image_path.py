@@ -134,7 +134,7 @@ def test_the_image_changes_the_logprobs_of_the_no_grad_and_training_passes(tmp_p
 
 
 @pytest.mark.parametrize(("overrides", "processing", "match"), [
-    ({"sampler": "fast"}, "processor", "sampler='generate'"),
+    ({"sampler": "paged"}, "processor", "sampler='fast' or 'generate'"),
     ({"dynamic_sampling": True}, "processor", "dynamic_sampling=True"),
     ({}, "tokenizer", "not a multimodal processor"),
 ])

@@ -10,6 +10,13 @@ samples K completions of the same prompt, so `FastSampler`
   3. decodes one token per step with `model(...)` on the cache, stopping as soon as every row
      has produced an end token or `max_new_tokens` is reached.
 
+Prompts with images (`vision`, a `data.images.VisionInputs`, one row per completion): the prefill runs
+each distinct prompt's images once (N rows, the vision tower's work is not repeated K times), the cache
+holds the image features from then on, and decoding is text-only. The image token is never sampled (as
+`generate` is told with `suppress_tokens`): a sampled image token would have no features in later passes.
+Models with 3-D rotary positions (Qwen-VL's mrope, `image_grid_thw`) are refused: the hand-written loop
+gives 1-D positions (`positions_are_3d`).
+
 The distribution is the one `generate` samples from: logits / temperature, then top-k, then
 top-p (nucleus), in that order, then a multinomial draw. tests/generation/test_decoding.py checks greedy
 outputs against `generate` and sampled token statistics against the exact model probabilities.
@@ -24,6 +31,7 @@ from typing import Any
 import torch
 
 from rloo.algo.logprobs import cache_argument, position_ids_from_mask
+from rloo.config_checks import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 from rloo.generation.kv_cache import append_in_place_cache
 
@@ -73,6 +81,33 @@ def can_repeat_rows(cache: Any) -> bool:
     return all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", []))
 
 
+def positions_are_3d(model: torch.nn.Module) -> bool:
+    """Whether `model` places tokens with 3-D rotary positions computed from the images (Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL, ...: an `mrope_section` in the text config's rope parameters, or a `get_rope_index` method)."""
+    inner = getattr(model, "module", model)  # DDP / accelerate
+    inner = inner.get_base_model() if callable(getattr(inner, "get_base_model", None)) else inner  # PEFT
+    text_config = inner.config.get_text_config() if hasattr(inner, "config") else None
+    rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and "mrope_section" in rope:
+        return True
+    return any(hasattr(module, "get_rope_index") for module in (inner, getattr(inner, "model", None)))
+
+
+def refuse_3d_positions(model: torch.nn.Module) -> None:
+    """Raise a ConfigError naming sampler='generate' for a model with 3-D rotary positions (`positions_are_3d`)."""
+    if positions_are_3d(model):
+        raise ConfigError(f"{type(getattr(model, 'module', model)).__name__} places image prompts with 3-D rotary "
+                          f"positions (mrope, from image_grid_thw), which the fast sampler's decode loop does not "
+                          f"compute; set sampler='generate' for this model (docs/vision.md).")
+
+
+def per_prompt_rows(vision: Any, k: int) -> Any:
+    """The `VisionInputs` of one row per distinct prompt, from one row per completion (groups of k contiguous)."""
+    if any(vision.rows[i] != vision.rows[i - i % k] for i in range(len(vision.rows))):
+        raise RuntimeError(f"vision rows {vision.rows} are not in contiguous groups of {k}.")
+    return vision.select(range(0, len(vision.rows), k))
+
+
 _noted: set[tuple[str, ...]] = set()
 
 
@@ -98,12 +133,17 @@ class FastSampler(SamplingSettings):
         """Nothing to sync: this sampler runs the policy itself."""
 
     @torch.no_grad()
-    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
+    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
+               vision: Any = None) -> SampledBatch:
+        """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, as the
+        generate sampler takes them); the prefill runs one row per distinct prompt."""
+        if vision is not None:
+            refuse_3d_positions(model)
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
         unique_ids, unique_mask = left_pad(prompts, self.pad_token_id, device)  # (N, P)
-        completion_ids, logprobs = self._decode(model, unique_ids, unique_mask, num_generations)  # (N*K, C) each
+        completion_ids, logprobs = self._decode(model, unique_ids, unique_mask, num_generations, vision)  # (N*K, C)
         model.train(was_training)
 
         completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
@@ -114,26 +154,35 @@ class FastSampler(SamplingSettings):
         return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos, logprobs,
                             logprobs_from_policy=True)
 
-    def _decode(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(N, P) left-padded prompts -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
-        and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
-        trainer computes them)."""
-        cache = append_in_place_cache(model.config, room=self.max_new_tokens)
-        cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
+    def _prefill(self, model: torch.nn.Module, cache: Any, cache_name: str, prompt_ids: torch.Tensor,
+                 prompt_mask: torch.Tensor, k: int, vision: Any) -> torch.Tensor:
+        """Run the (N, P) prompts into `cache`, left holding N*K rows; returns the (N*K, V) next-token logits.
+        With images, each distinct prompt's vision tensors run once (every K-th row of `vision`)."""
         if can_repeat_rows(cache):  # one prefill per prompt; every sample continues from a copy of it
+            images = {} if vision is None else per_prompt_rows(vision, k).model_kwargs(prompt_ids)
             prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask,
                             position_ids=position_ids_from_mask(prompt_mask), **{cache_name: cache}, use_cache=True,
-                            logits_to_keep=1)
+                            logits_to_keep=1, **images)
             cache.batch_repeat_interleave(k)
-            next_logits = prefill.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V), B = N*K
-        else:  # e.g. linear-attention / state-space layers (NemotronH): prefill each sample's own copy
-            _note_prefill_per_sample(cache)
-            repeated_ids, repeated_mask = prompt_ids.repeat_interleave(k, dim=0), prompt_mask.repeat_interleave(k, dim=0)
-            prefill = model(input_ids=repeated_ids, attention_mask=repeated_mask,
-                            position_ids=position_ids_from_mask(repeated_mask), **{cache_name: cache}, use_cache=True,
-                            logits_to_keep=1)
-            next_logits = prefill.logits[:, -1]  # (B, V)
+            return prefill.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V), B = N*K
+        # e.g. linear-attention / state-space layers (NemotronH): prefill each sample's own copy
+        _note_prefill_per_sample(cache)
+        repeated_ids, repeated_mask = prompt_ids.repeat_interleave(k, dim=0), prompt_mask.repeat_interleave(k, dim=0)
+        images = {} if vision is None else vision.model_kwargs(repeated_ids)
+        prefill = model(input_ids=repeated_ids, attention_mask=repeated_mask,
+                        position_ids=position_ids_from_mask(repeated_mask), **{cache_name: cache}, use_cache=True,
+                        logits_to_keep=1, **images)
+        return prefill.logits[:, -1]  # (B, V)
+
+    def _decode(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                k: int, vision: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, P) left-padded prompts -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
+        and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
+        trainer computes them). The image token, with `vision`, is never drawn."""
+        cache = append_in_place_cache(model.config, room=self.max_new_tokens)
+        cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
+        next_logits = self._prefill(model, cache, cache_name, prompt_ids, prompt_mask, k, vision)
+        suppressed = None if vision is None or vision.image_token_id is None else vision.image_token_id
         attention_mask = prompt_mask.repeat_interleave(k, dim=0)  # (B, P), grows by one column a step
         next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) position of the next token
         eos_ids = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
@@ -141,7 +190,7 @@ class FastSampler(SamplingSettings):
 
         tokens, logprobs = [], []
         for step in range(self.max_new_tokens):
-            token, logprob = self._next_token(next_logits)  # (B,), (B,)
+            token, logprob = self._next_token(next_logits, suppressed)  # (B,), (B,)
             token = token.masked_fill(finished, self.pad_token_id)  # rows already ended only pad
             tokens.append(token)
             logprobs.append(logprob)
@@ -156,13 +205,17 @@ class FastSampler(SamplingSettings):
             next_position = next_position + 1
         return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
-    def _next_token(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, V) scores -> (B,) tokens (argmax when greedy, else a draw from the filtered softmax)
-        and (B,) their fp32 log-probs under the unfiltered softmax(logits / temperature)."""
+    def _next_token(self, logits: torch.Tensor, suppressed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, V) scores -> (B,) tokens (argmax when greedy, else a draw from the filtered softmax; never
+        `suppressed`) and (B,) their fp32 log-probs under the unfiltered softmax(logits / temperature)."""
         log_probs = torch.log_softmax(logits.float() / self.temperature, dim=-1)  # (B, V)
+        suppress = suppressed is not None and 0 <= suppressed < logits.shape[-1]
+        if suppress:  # as generate's suppress_tokens: the token's score is -inf before any other filter
+            logits = logits.clone()
+            logits[:, suppressed] = float("-inf")
         if not self.do_sample:
             token = logits.argmax(dim=-1)
-        elif self.top_k == 0 and self.top_p >= 1.0 and not self.min_p:  # no filter: the softmax already computed
+        elif self.top_k == 0 and self.top_p >= 1.0 and not self.min_p and not suppress:  # the softmax already computed
             token = torch.multinomial(log_probs.exp(), num_samples=1).squeeze(1)
         else:
             scores = filter_logits(logits, self.temperature, self.top_k, self.top_p, self.min_p)
