@@ -105,6 +105,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
         processing_class, self.tokenizer = builders.load_processing_class(processing_class, model, train_dataset, args)
+        self.processing_class = processing_class if builders.is_processor(processing_class) else self.tokenizer  # saved
         train_dataset = trainer_api.train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
         self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
@@ -161,7 +162,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         and what reward functions receive as `trainer_state`."""
         acc = self.accelerator
         self.callback_handler = trainer_api.Callbacks(callbacks, self.args, self.total_steps, acc.is_main_process)
-        self.callback_handler.models = {"model": self.model, "processing_class": self.tokenizer,
+        self.callback_handler.models = {"model": self.model, "processing_class": self.processing_class,
                                         "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler}
         self.logger.sinks.append(self.callback_handler)
         self.state = self.collector.trainer_state = self.callback_handler.state
@@ -232,7 +233,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                 if self.eval_dataset is not None and args.eval_steps > 0 and self.global_step % args.eval_steps == 0:
                     self._log_eval()
                 if args.save_steps > 0 and self.global_step % args.save_steps == 0:
-                    checkpoint.save_checkpoint(acc, self.model, self.tokenizer, args, self.global_step,
+                    checkpoint.save_checkpoint(acc, self.model, self.processing_class, args, self.global_step,
                                                rollout_index, self.episode, self.run_id)
                     self.callback_handler.event("on_save")
                 if is_last:
@@ -325,7 +326,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         args, signal_name = self.args, self._signals.received
         path = Path(args.output_dir) / f"checkpoint-{self.global_step}"
         if checkpoint.read_state(path) is None or checkpoint.read_state(path).get("run_id") != self.run_id:
-            path = checkpoint.save_checkpoint(self.accelerator, self.model, self.tokenizer, args, self.global_step,
+            path = checkpoint.save_checkpoint(self.accelerator, self.model, self.processing_class, args, self.global_step,
                                               rollout_index, self.episode, self.run_id)
         self.stopped_by = signal_name or "a signal on another process"
         if self.accelerator.is_main_process:
@@ -358,7 +359,8 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         })
         self.logger.log(metrics, self.global_step)
         self._logs = trainer_api.trl_logs(samples.prompts, samples.completions, [fn.name for fn in self.reward_functions],
-                                          rollout.reward_columns, rollout.advantages.tolist(), samples.extra)
+                                          rollout.reward_columns, rollout.advantages.tolist(), samples.extra,
+                                          samples.images)
         if self.args.log_completions:
             rows = completion_rows(samples.prompts, samples.shown(), [fn.name for fn in self.reward_functions],
                                    rollout.reward_columns, rollout.scores.tolist(), rollout.advantages.tolist(),

@@ -191,8 +191,12 @@ def test_log_multimodal_writes_the_images_next_to_the_completions_and_the_report
     from rloo.run.report import build_report
 
     args = _config(tmp_path, log_completions=True, log_multimodal=log_multimodal, num_completions_to_print=3)
-    RLOOTrainer(standin_vlms.model("gemma3"), _length_reward, args=args, train_dataset=standin_vlms.image_dataset(4),
-                processing_class=standin_vlms.processor("gemma3")).train()
+    trainer = RLOOTrainer(standin_vlms.model("gemma3"), _length_reward, args=args,
+                          train_dataset=standin_vlms.image_dataset(4), processing_class=standin_vlms.processor("gemma3"))
+    trainer.train()
+    # TRL's buffer: each completion's prompt images, a list per completion (an `image` value wrapped), or nothing
+    logged = trainer._logs["images"]
+    assert (len(logged), [len(images) for images in logged][:1]) == ((4, [1]) if log_multimodal else (0, []))
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     page = build_report(run).read_text()
@@ -230,3 +234,19 @@ def test_micro_batches_iterations_and_eval_carry_each_rows_image(tmp_path):
     before = len(calls)
     metrics = trainer.evaluate()
     assert "eval/reward" in metrics and len(calls) > before and not any(calls[before:])
+
+
+def test_save_model_and_checkpoints_save_the_processor(tmp_path):
+    """As TRL saves its processing_class: the processor (image processor and chat template too), not only its
+    tokenizer, so that AutoProcessor loads the saved folder."""
+    from transformers import AutoProcessor
+
+    processor = standin_vlms.processor("llava")
+    trainer = RLOOTrainer(standin_vlms.model("llava"), _length_reward, args=_config(tmp_path, save_steps=1),
+                          train_dataset=standin_vlms.image_dataset(4), processing_class=processor)
+    assert trainer.processing_class is processor
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    for folder in (tmp_path / "saved", tmp_path / "run" / "checkpoint-1"):
+        loaded = AutoProcessor.from_pretrained(folder)
+        assert type(loaded).__name__ == type(processor).__name__ and loaded.chat_template == processor.chat_template

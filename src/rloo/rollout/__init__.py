@@ -147,7 +147,17 @@ class RolloutCollector:
         if episodes is not None and self.multi_turn is not None and self.multi_turn.rollout_func is None:
             metrics.update(episodes.metrics())
         return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns), metrics=metrics,
-                               turns=None if episodes is None else list(episodes.messages))
+                               turns=None if episodes is None else list(episodes.messages),
+                               images=self.logged_images(rows, num_generations))
+
+    def logged_images(self, rows: list[dict[str, Any]], num_generations: int) -> list | None:
+        """log_multimodal: each completion's prompt images as the dataset holds them, a list per completion (an
+        `image` value wrapped in one), as TRL keeps them in `_logs["images"]`; None without images or logging."""
+        if self.images is None or not self.args.log_multimodal:
+            return None
+        column = self.images.column
+        per_row = [row.get(column) if column == "images" else [row.get(column)] for row in rows]
+        return [images for images in per_row for _ in range(num_generations)]
 
     def log_image_files(self, rows: list[dict[str, Any]], num_generations: int, reward_log: RewardLog) -> None:
         """log_multimodal: the logged completions' prompt images as files, in their "image" column (`data.images`)."""

@@ -110,6 +110,7 @@ class Samples:
     extra: dict[str, list] = field(default_factory=dict)  # columns reward functions added with log_extra
     metrics: dict[str, float] = field(default_factory=dict)  # means of what they logged with log_metric
     turns: list | None = None  # (B,) multi-turn: each trajectory's messages (None for a rollout_func row); else None
+    images: list | None = None  # (B,) log_multimodal: each completion's prompt images, a list (TRL's _logs["images"])
 
     def shown(self) -> list:
         """The completions as the tables and completions.jsonl show them: a trajectory as its messages

@@ -65,7 +65,7 @@ class CheckpointError(RuntimeError):
 
 def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,
                output_dir: str) -> None:
-    """Save the policy (or its adapters under LoRA), the tokenizer and the config with save_pretrained;
+    """Save the policy (or its adapters under LoRA), the tokenizer (a VLM's processor) and the config;
     from a sharded run (FSDP2, ZeRO-3) the full weights, gathered on the main process. A write failure
     is a CheckpointError naming the folder."""
     accelerator.wait_for_everyone()

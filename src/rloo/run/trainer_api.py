@@ -169,13 +169,15 @@ def prompt_loader(rows: Any, order: Iterable[int] | None, batch_size: int, num_w
 
 
 def trl_logs(prompts: Sequence[Any], completions: Sequence[str], reward_names: Sequence[str], reward_columns: Any,
-             advantages: Sequence[float], extra: dict[str, Sequence[Any]] | None) -> dict[str, Any]:
+             advantages: Sequence[float], extra: dict[str, Sequence[Any]] | None, images: Any = None) -> dict[str, Any]:
     """TRL's `trainer._logs` buffer for the last logged rollout of this process: prompt, completion,
-    rewards per function (NaN where a function did not apply), advantages and `log_extra` columns."""
+    rewards per function (NaN where a function did not apply), advantages, `log_extra` columns and the prompts'
+    images (log_multimodal; empty otherwise)."""
     columns = reward_columns.tolist()
     return {"prompt": list(prompts), "completion": list(completions),
             "rewards": {name: [row[i] for row in columns] for i, name in enumerate(reward_names)},
-            "advantages": list(advantages), "extra": {k: list(v) for k, v in (extra or {}).items()}}
+            "advantages": list(advantages), "extra": {k: list(v) for k, v in (extra or {}).items()},
+            "images": list(images or [])}
 
 
 def train_rows(args: Any, train_dataset: Any, num_processes: int, environment_factory: Any = None) -> Any:
@@ -341,8 +343,9 @@ class TrainerAPI:
         return prompt_loader(rows, None, self._eval_prompts_per_batch(num_generations), workers)
 
     def save_model(self, output_dir: str | None = None) -> None:
-        """Save the policy (or its adapters under LoRA) and the tokenizer with save_pretrained."""
-        checkpoint.save_model(self.accelerator, self.model, self.tokenizer, self.args, output_dir or self.args.output_dir)
+        """Save the policy (or its adapters under LoRA) and the processing class (a VLM's processor) with save_pretrained."""
+        checkpoint.save_model(self.accelerator, self.model, self.processing_class, self.args,
+                              output_dir or self.args.output_dir)
         if self.accelerator.is_main_process:  # the model card travels with the weights
             self.create_model_card(output_dir=output_dir)
 
