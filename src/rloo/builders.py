@@ -116,9 +116,11 @@ def default_processor(processing_class: Any, model: str | PreTrainedModel, train
 
 def load_processing_class(processing_class: Any, model: str | PreTrainedModel, train_dataset: Any,
                           args: RLOOConfig) -> tuple[Any, Any]:
-    """(the processing class, a VLM's processor loaded when needed: `default_processor`; its tokenizer)."""
+    """(the processing class: a VLM's processor, given or loaded when needed (`default_processor`), else the
+    tokenizer; the tokenizer). The first is TRL's `processing_class`: what save_model writes next to the weights."""
     processing_class = default_processor(processing_class, model, train_dataset, args.trust_remote_code)
-    return processing_class, load_tokenizer(processing_class, model, args.trust_remote_code)
+    tokenizer = load_tokenizer(processing_class, model, args.trust_remote_code)
+    return (processing_class if is_processor(processing_class) else tokenizer), tokenizer
 
 
 def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_remote_code: bool = False) -> Any:

@@ -104,12 +104,11 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.accelerator = acc = builders.build_accelerator(args)
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
-        processing_class, self.tokenizer = builders.load_processing_class(processing_class, model, train_dataset, args)
-        self.processing_class = processing_class if builders.is_processor(processing_class) else self.tokenizer  # saved
+        self.processing_class, self.tokenizer = builders.load_processing_class(processing_class, model, train_dataset, args)
         train_dataset = trainer_api.train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
         self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
-        policy = builders.load_policy(model, peft_config, args, quantization_config, processing_class)
+        policy = builders.load_policy(model, peft_config, args, quantization_config, self.processing_class)
         check_vocabulary(self.tokenizer, policy)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
         reference = builders.build_reference(policy, args)
@@ -127,7 +126,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names, self.multi_turn)
         self.collector = RolloutCollector(args, acc, self.model, self.reference, self.tokenizer, self.sampler,
                                           self.reward_functions, self.reward_weights, multi_turn=self.multi_turn,
-                                          images=builders.image_encoder(self, processing_class, policy))  # data.images
+                                          images=builders.image_encoder(self, self.processing_class, policy))  # data.images
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
         self.dynamic_sampler = DynamicSampler(args, acc, self.collector, train_dataset, self.tokenizer.pad_token_id)
         self.async_rollouts: AsyncRollouts | None = None  # the sampler running ahead, started by train()
