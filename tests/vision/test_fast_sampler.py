@@ -145,6 +145,9 @@ def test_a_trainer_with_images_and_no_sampler_set_trains_with_the_fast_sampler(t
     per_image = 5 if family == "llava_next" else 1  # LLaVA-NeXT's image is 5 tiles here
     assert calls == [2 * per_image, 4 * per_image, 4 * per_image], calls
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if "language_model" in n)
+    calls.clear()
+    assert "eval/reward" in trainer.evaluate(standin_vlms.image_dataset(3, seed=1))
+    assert calls == [2 * per_image, per_image], calls  # the eval prefills (2 prompts a batch): each image once
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
