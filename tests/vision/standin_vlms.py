@@ -1,5 +1,6 @@
-"""Tiny Gemma 3 and LLaVA-NeXT models (random float32 weights) with their real processor classes, from the TRL-suite
-stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image data set, for the image-path tests."""
+"""Tiny Gemma 3, LLaVA-NeXT, Qwen2-VL and Qwen2.5-VL models (random float32 weights) with their real processor
+classes, from the TRL-suite stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image
+data set, for the image-path tests."""
 
 from __future__ import annotations
 
@@ -15,7 +16,27 @@ from datasets import Dataset, Features, Image, Value
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "trl_suite"))
 import vlm_standins  # noqa: E402
 
-FAMILIES = {"gemma3": "tiny-Gemma3ForConditionalGeneration", "llava_next": "tiny-LlavaNextForConditionalGeneration"}
+FAMILIES = {"gemma3": "tiny-Gemma3ForConditionalGeneration", "llava_next": "tiny-LlavaNextForConditionalGeneration",
+            "qwen2_vl": "tiny-Qwen2VLForConditionalGeneration", "qwen2_5_vl": "tiny-Qwen2_5_VLForConditionalGeneration"}
+
+
+def _image_only_qwen_processor(standin: vlm_standins.VLMStandIn):
+    """The family's real processor class with the PIL (slow) image processor and no video processor.
+
+    Its default video processor and `BaseVideoProcessor` (which the processor's constructor checks its
+    video_processor argument against, even when None) need torchvision, which is not installed here;
+    the image path never touches the video processor, so the check is skipped for a missing one."""
+    base = getattr(transformers, standin.processor_class)
+
+    class ImageOnly(base):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return ImageOnly(image_processor=transformers.Qwen2VLImageProcessorPil(),
+                     tokenizer=vlm_standins.build_tokenizer(standin.tokenizer), video_processor=None,
+                     chat_template=standin.tokenizer.chat_template)
 
 
 def _standin(family: str) -> vlm_standins.VLMStandIn:
@@ -24,6 +45,8 @@ def _standin(family: str) -> vlm_standins.VLMStandIn:
 
 @functools.lru_cache(maxsize=None)
 def processor(family: str):
+    if family.startswith("qwen"):
+        return _image_only_qwen_processor(_standin(family))
     return vlm_standins.build_processor(_standin(family))
 
 
