@@ -121,8 +121,7 @@ def completion_logprobs(
             a scalar with grad, under "aux_loss"; None asks for none.
         model_inputs: more keyword arguments of the forward, one entry per row (a VLM's pixel_values, image_sizes,
             token_type_ids: `data.images.VisionInputs.model_kwargs`); the rows then run as given (their per-token
-            inputs were derived from this layout), left padding masked. A model with multimodal rotary
-            positions (`computes_own_positions`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) gets no position ids then.
+            inputs were derived from this layout), left padding masked; no position ids if `computes_own_positions`.
 
     Returns:
         (B, C) fp32 log-probs of the completion tokens, and (B, C) entropies or None. Values at
@@ -131,8 +130,7 @@ def completion_logprobs(
     head = reachable_head(model)
     ids, mask, positions, lead = _forward_layout(input_ids, attention_mask, completion_length,
                                                  tiled=head is not None and not model_inputs)
-    if model_inputs and computes_own_positions(model):
-        positions = None  # multimodal rotary positions: the model builds them from ids, grids and mask
+    positions = None if model_inputs and computes_own_positions(model) else positions  # Qwen-VL: the model's own
     max_lead = 0 if lead is None else int(lead.max())
     # The last C + 1 positions hold every completion when nothing moved; moving a row's lead of
     # padding back shifts its completion up to max_lead positions earlier.
