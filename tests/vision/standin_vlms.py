@@ -1,4 +1,4 @@
-"""Tiny Gemma 3, LLaVA-NeXT, Qwen2-VL and Qwen2.5-VL models (random float32 weights) with their real processor
+"""Tiny Gemma 3, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL and Qwen3-VL models (random float32 weights) with their real processor
 classes, from the TRL-suite stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image
 data set, for the image-path tests."""
 
@@ -17,7 +17,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "trl
 import vlm_standins  # noqa: E402
 
 FAMILIES = {"gemma3": "tiny-Gemma3ForConditionalGeneration", "llava_next": "tiny-LlavaNextForConditionalGeneration",
-            "qwen2_vl": "tiny-Qwen2VLForConditionalGeneration", "qwen2_5_vl": "tiny-Qwen2_5_VLForConditionalGeneration"}
+            "qwen2_vl": "tiny-Qwen2VLForConditionalGeneration", "qwen2_5_vl": "tiny-Qwen2_5_VLForConditionalGeneration",
+            "qwen3_vl": "tiny-Qwen3VLForConditionalGeneration"}
+# Not one of TRL's test ids (so not in the TRL-suite stand-ins): Qwen3-VL, interleaved multimodal RoPE, 16-pixel patches.
+QWEN3_VL = vlm_standins.VLMStandIn(
+    "tiny-Qwen3VLForConditionalGeneration", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
+    "Qwen2VLImageProcessorPil", None, vlm_standins.QWEN2_VL_TOKENS, image_processor_kwargs={"patch_size": 16},
+    config={"text_config": {**vlm_standins.TEXT, "head_dim": 8, "vocab_size": 151936, "rope_parameters": {
+        "rope_type": "default", "mrope_section": [1, 1, 2], "mrope_interleaved": True, "rope_theta": 5e6}},
+        "vision_config": {"depth": 2, "hidden_size": 16, "num_heads": 4, "intermediate_size": 32, "out_hidden_size": 16,
+                          "deepstack_visual_indexes": [1], "num_position_embeddings": 64}})
 
 
 def _image_only_qwen_processor(standin: vlm_standins.VLMStandIn):
@@ -34,13 +43,13 @@ def _image_only_qwen_processor(standin: vlm_standins.VLMStandIn):
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
-    return ImageOnly(image_processor=transformers.Qwen2VLImageProcessorPil(),
+    return ImageOnly(image_processor=transformers.Qwen2VLImageProcessorPil(**standin.image_processor_kwargs),
                      tokenizer=vlm_standins.build_tokenizer(standin.tokenizer), video_processor=None,
                      chat_template=standin.tokenizer.chat_template)
 
 
 def _standin(family: str) -> vlm_standins.VLMStandIn:
-    return next(s for s in vlm_standins.VLM_STANDINS if s.name == FAMILIES[family])
+    return next(s for s in [*vlm_standins.VLM_STANDINS, QWEN3_VL] if s.name == FAMILIES[family])
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ from rloo import RLOOTrainer
 from rloo.algo.logprobs import completion_logprobs, computes_own_positions
 from rloo.data.images import ImagePromptEncoder, image_token_id
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 
 
 def _rows():
