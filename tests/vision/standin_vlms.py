@@ -1,6 +1,6 @@
-"""Tiny Gemma 3, LLaVA and LLaVA-NeXT models (random float32 weights) with their real processor classes, from the
-TRL-suite stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image data set, for the image-path tests.
-Qwen2-VL and Qwen2.5-VL build as models only: their processors need torchvision, which is not installed here."""
+"""Tiny Gemma 3, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL and Qwen3-VL models (random float32 weights) with their real processor
+classes, from the TRL-suite stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image
+data set, for the image-path tests."""
 
 from __future__ import annotations
 
@@ -17,16 +17,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "trl
 import vlm_standins  # noqa: E402
 
 FAMILIES = {"gemma3": "tiny-Gemma3ForConditionalGeneration", "llava": "tiny-LlavaForConditionalGeneration",
-            "llava_next": "tiny-LlavaNextForConditionalGeneration", "qwen2_vl": "tiny-Qwen2VLForConditionalGeneration",
-            "qwen2_5_vl": "tiny-Qwen2_5_VLForConditionalGeneration"}
+            "llava_next": "tiny-LlavaNextForConditionalGeneration",
+            "qwen2_vl": "tiny-Qwen2VLForConditionalGeneration", "qwen2_5_vl": "tiny-Qwen2_5_VLForConditionalGeneration",
+            "qwen3_vl": "tiny-Qwen3VLForConditionalGeneration"}
+# Not one of TRL's test ids (so not in the TRL-suite stand-ins): Qwen3-VL, interleaved multimodal RoPE, 16-pixel patches.
+QWEN3_VL = vlm_standins.VLMStandIn(
+    "tiny-Qwen3VLForConditionalGeneration", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
+    "Qwen2VLImageProcessorPil", None, vlm_standins.QWEN2_VL_TOKENS, image_processor_kwargs={"patch_size": 16},
+    config={"text_config": {**vlm_standins.TEXT, "head_dim": 8, "vocab_size": 151936, "rope_parameters": {
+        "rope_type": "default", "mrope_section": [1, 1, 2], "mrope_interleaved": True, "rope_theta": 5e6}},
+        "vision_config": {"depth": 2, "hidden_size": 16, "num_heads": 4, "intermediate_size": 32, "out_hidden_size": 16,
+                          "deepstack_visual_indexes": [1], "num_position_embeddings": 64}})
+
+
+def _image_only_qwen_processor(standin: vlm_standins.VLMStandIn):
+    """The family's real processor class with the PIL (slow) image processor and no video processor.
+
+    Its default video processor and `BaseVideoProcessor` (which the processor's constructor checks its
+    video_processor argument against, even when None) need torchvision, which is not installed here;
+    the image path never touches the video processor, so the check is skipped for a missing one."""
+    base = getattr(transformers, standin.processor_class)
+
+    class ImageOnly(base):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return ImageOnly(image_processor=transformers.Qwen2VLImageProcessorPil(**standin.image_processor_kwargs),
+                     tokenizer=vlm_standins.build_tokenizer(standin.tokenizer), video_processor=None,
+                     chat_template=standin.tokenizer.chat_template)
 
 
 def _standin(family: str) -> vlm_standins.VLMStandIn:
-    return next(s for s in vlm_standins.VLM_STANDINS if s.name == FAMILIES[family])
+    return next(s for s in [*vlm_standins.VLM_STANDINS, QWEN3_VL] if s.name == FAMILIES[family])
 
 
 @functools.lru_cache(maxsize=None)
 def processor(family: str):
+    if family.startswith("qwen"):
+        return _image_only_qwen_processor(_standin(family))
     return vlm_standins.build_processor(_standin(family))
 
 
@@ -42,10 +72,9 @@ def model(family: str, seed: int = 0) -> torch.nn.Module:
     for parameter in built.parameters():  # Gemma 3's projector is a bare zero-initialised matrix: the image would not count
         if parameter.dim() >= 2 and not parameter.any():
             torch.nn.init.xavier_uniform_(parameter.data)
-    if vlm_standins.buildable(standin):
-        tokenizer = processor(family).tokenizer
-        built.generation_config.eos_token_id = tokenizer.eos_token_id
-        built.generation_config.pad_token_id = tokenizer.pad_token_id
+    tokenizer = processor(family).tokenizer
+    built.generation_config.eos_token_id = tokenizer.eos_token_id
+    built.generation_config.pad_token_id = tokenizer.pad_token_id
     return built
 
 
@@ -64,13 +93,3 @@ def image_dataset(rows: int = 4, seed: int = 0) -> Dataset:
     return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"How many squares? {i}"}] for i in range(rows)],
                               "image": images(rows, seed), "answer": [str(i) for i in range(rows)]},
                              features=Features(prompt=message, image=Image(), answer=Value("string")))
-
-
-class QwenVLParts:
-    """A Qwen-VL stand-in's tokenizer and image processor, as a processor holds them; without the video processor
-    (it needs torchvision), so it renders nothing: enough for checks made before any prompt is encoded."""
-
-    def __init__(self, family: str) -> None:
-        standin = _standin(family)
-        self.tokenizer = vlm_standins.build_tokenizer(standin.tokenizer)
-        self.image_processor = getattr(transformers, standin.image_processor_class)()

@@ -150,7 +150,7 @@ def test_a_trainer_with_images_and_no_sampler_set_trains_with_the_fast_sampler(t
     assert calls == [2 * per_image, per_image], calls  # the eval prefills (2 prompts a batch): each image once
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_models_with_3d_positions_are_refused_by_the_fast_sampler(tmp_path, family):
     model = standin_vlms.model(family)
     assert fast_module.positions_are_3d(model)
@@ -160,4 +160,4 @@ def test_models_with_3d_positions_are_refused_by_the_fast_sampler(tmp_path, fami
         _sampler(standin_vlms.processor("gemma3").tokenizer).sample(model, prompt_ids, K, vision=vision)
     with pytest.raises(ConfigError, match="3-D rotary positions.*sampler='generate'"):
         RLOOTrainer(model, _length_reward, args=_config(tmp_path), train_dataset=standin_vlms.image_dataset(4),
-                    processing_class=standin_vlms.QwenVLParts(family))
+                    processing_class=standin_vlms.processor(family))

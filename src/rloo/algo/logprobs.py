@@ -121,7 +121,7 @@ def completion_logprobs(
             a scalar with grad, under "aux_loss"; None asks for none.
         model_inputs: more keyword arguments of the forward, one entry per row (a VLM's pixel_values, image_sizes,
             token_type_ids: `data.images.VisionInputs.model_kwargs`); the rows then run as given (their per-token
-            inputs were derived from this layout), left padding masked.
+            inputs were derived from this layout), left padding masked; no position ids if `computes_own_positions`.
 
     Returns:
         (B, C) fp32 log-probs of the completion tokens, and (B, C) entropies or None. Values at
@@ -130,6 +130,7 @@ def completion_logprobs(
     head = reachable_head(model)
     ids, mask, positions, lead = _forward_layout(input_ids, attention_mask, completion_length,
                                                  tiled=head is not None and not model_inputs)
+    positions = None if model_inputs and computes_own_positions(model) else positions  # Qwen-VL: the model's own
     max_lead = 0 if lead is None else int(lead.max())
     # The last C + 1 positions hold every completion when nothing moved; moving a row's lead of
     # padding back shifts its completion up to max_lead positions earlier.
@@ -148,6 +149,19 @@ def completion_logprobs(
     logps, entropy = logprobs_from_states(model, head, states, input_ids[:, -completion_length:], temperature,
                                           with_entropy, entropy_grad)
     return logps, entropy
+
+
+def computes_own_positions(model: torch.nn.Module) -> bool:
+    """Whether the model builds its own 3-D rotary positions from the ids, the image grids and the mask
+    (multimodal RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL; their model has `get_rope_index`).
+
+    1-D position ids would be broadcast to all three axes by these models, silently giving every image
+    token its sequence index instead of its row and column; with position_ids=None the model computes
+    them from `mm_token_type_ids`, `image_grid_thw` and the attention mask (left padding skipped), which
+    is what its own forward of each unpadded row uses."""
+    inner = getattr(model, "module", model)  # DDP / accelerate
+    base = inner.get_base_model() if callable(getattr(inner, "get_base_model", None)) else inner  # PEFT
+    return any(callable(getattr(part, "get_rope_index", None)) for part in (base, getattr(base, "model", None)))
 
 
 def is_right_padded(mask: torch.Tensor) -> bool:
