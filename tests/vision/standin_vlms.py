@@ -44,6 +44,10 @@ def _image_only_qwen_processor(standin: vlm_standins.VLMStandIn):
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
+        def save_pretrained(self, save_directory, **kwargs):  # ProcessorMixin's would save the missing video processor
+            self.tokenizer.save_pretrained(save_directory)
+            self.image_processor.save_pretrained(save_directory)
+
     return ImageOnly(image_processor=transformers.Qwen2VLImageProcessorPil(**standin.image_processor_kwargs),
                      tokenizer=vlm_standins.build_tokenizer(standin.tokenizer), video_processor=None,
                      chat_template=standin.tokenizer.chat_template)
