@@ -5,6 +5,7 @@ generating from it, pushing weights, and training.
 Run by scripts/test_vllm.sh; skipped where vLLM is not installed, except with RLOO_REQUIRE_VLLM set (CI).
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -29,12 +30,10 @@ from rloo.generation.vllm_client import HTTPEngine, ServerError  # noqa: E402
 TOKEN = "test-token-1234"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("served")
-    model, tokenizer = tiny_model(seed=1)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+@contextlib.contextmanager
+def serving(folder):
+    """`rloo vllm-serve` of the model saved in `folder`, on a free port with TOKEN, until the block ends;
+    RLOO_VLLM_TOKEN is set in this process meanwhile (the trainer's HTTPEngine.build reads it). Yields the URL."""
     port = free_port()
     log = open(folder / "server.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "rloo.cli", "vllm-serve", "--model", str(folder),
@@ -51,19 +50,31 @@ def server(tmp_path_factory):
                 process.kill()
                 pytest.fail(f"rloo vllm-serve did not start: {(folder / 'server.log').read_text()[-3000:]}")
             time.sleep(2)
-    with pytest.raises(ServerError, match="requires a token"):  # the real server refuses a client without it
-        HTTPEngine(url, timeout=5).call("GET", "/health")
-    model.config._name_or_path = str(folder)
     previous = os.environ.get("RLOO_VLLM_TOKEN")
-    os.environ["RLOO_VLLM_TOKEN"] = TOKEN  # the trainer's HTTPEngine.build reads it
-    yield model, tokenizer, url
-    if previous is None:
-        os.environ.pop("RLOO_VLLM_TOKEN")
-    else:
-        os.environ["RLOO_VLLM_TOKEN"] = previous
-    process.terminate()
-    process.wait(timeout=60)
-    log.close()
+    os.environ["RLOO_VLLM_TOKEN"] = TOKEN
+    try:
+        yield url
+    finally:
+        if previous is None:
+            os.environ.pop("RLOO_VLLM_TOKEN")
+        else:
+            os.environ["RLOO_VLLM_TOKEN"] = previous
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("served")
+    model, tokenizer = tiny_model(seed=1)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with serving(folder) as url:
+        with pytest.raises(ServerError, match="requires a token"):  # the real server refuses a client without it
+            HTTPEngine(url, timeout=5).call("GET", "/health")
+        model.config._name_or_path = str(folder)
+        yield model, tokenizer, url
 
 
 def test_server_samples_with_the_policys_logprobs_and_takes_pushed_weights(server):
