@@ -57,7 +57,8 @@ def plot(results: dict, path: Path, held_out: int) -> None:
         points = [(e["step"], e["accuracy"]) for e in run["held_out"]]
         axes[2].plot(*zip(*points), marker="o", color=colours[arm], label=name)
     axes[0].set(title="training accuracy per step (8 trajectories)", xlabel="optimizer step", ylabel="gsm8k_accuracy")
-    axes[1].set(title="tool calls per trajectory (training)", xlabel="optimizer step", ylim=(-0.05, 1.05))
+    axes[1].set(title="tool calls per trajectory (training)", xlabel="optimizer step")
+    axes[1].set_ylim(bottom=-0.05, top=max(1.05, axes[1].get_ylim()[1]))
     axes[2].set(title=f"held-out accuracy, {held_out} test problems", xlabel="optimizer step")
     for axis in axes:
         axis.legend(fontsize=8)
