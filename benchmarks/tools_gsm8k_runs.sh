@@ -29,7 +29,8 @@ for seed in "$@"; do
     [ -n "${TIMEOUT:-}" ] && cmd=(timeout "$TIMEOUT" "${cmd[@]}")
     echo "$(date -u +%T) ${cmd[*]}"
     start=$(date +%s)
-    if [ -n "${LOCK:-}" ]; then flock "$LOCK" "${cmd[@]}" > "$out.log" 2>&1 || true; else "${cmd[@]}" > "$out.log" 2>&1 || true; fi
-    echo "$(date -u +%T) $arm seed $seed: $(( $(date +%s) - start )) s, exit ${PIPESTATUS[0]}"
+    rc=0
+    if [ -n "${LOCK:-}" ]; then flock "$LOCK" "${cmd[@]}" > "$out.log" 2>&1 || rc=$?; else "${cmd[@]}" > "$out.log" 2>&1 || rc=$?; fi
+    echo "$(date -u +%T) $arm seed $seed: $(( $(date +%s) - start )) s (lock wait included), exit $rc"
   done
 done
