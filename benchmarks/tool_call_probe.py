@@ -3,6 +3,7 @@ with the calculator's schema (recipes/templates/smollm2_tools.jinja) and count `
 
     python benchmarks/tool_call_probe.py --prompts 8                       # the recipe's prompts, 4 samples each
     python benchmarks/tool_call_probe.py --prompts 6 --tokens 64 --tool-example
+    python benchmarks/tool_call_probe.py --prompts 8 --model recipes/models/smollm2-135m-instruct-sft-tools
 
 --tool-example replaces the prompts' worked example (a direct answer) by the same example solved with a
 calculator call and its result, to see whether a demonstration makes the model call the tool.
@@ -33,8 +34,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--tool-example", action="store_true")
+    parser.add_argument("--model", default="recipes/models/smollm2-135m-instruct-tools",
+                        help="model folder relative to the repository root, e.g. recipes/models/smollm2-135m-instruct-sft-tools")
     options = parser.parse_args()
-    folder = ROOT / "recipes" / "models" / "smollm2-135m-instruct-tools"
+    folder = ROOT / options.model
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)

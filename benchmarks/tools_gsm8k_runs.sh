@@ -1,21 +1,36 @@
 #!/usr/bin/env bash
 # GSM8K with and without the calculator tool, seed by seed (docs/recipes.md, "GSM8K with a calculator tool").
 #   bash benchmarks/tools_gsm8k_runs.sh STEPS SEED...      e.g. bash benchmarks/tools_gsm8k_runs.sh 10 0 1 2
+#   VARIANT=sft EVAL=32 bash benchmarks/tools_gsm8k_runs.sh 3 0   # from the SFT warm starts (recipes/prepare.py
+#                                                                # smollm2-sft-tools smollm2-sft-plain), 384 tokens
 # Each run holds /work/wt/longrun.lock-style locking only if LOCK is set (LOCK=/path/to/lock); it writes
-# runs/tools-gsm8k/{tools,plain}-s<seed>/metrics.jsonl, which benchmarks/tools_gsm8k.py reads and plots.
+# runs/tools-gsm8k[-sft]/{tools,plain}-s<seed>/metrics.jsonl, which benchmarks/tools_gsm8k.py reads and plots.
+# TIMEOUT=seconds caps each run (default: none).
 set -euo pipefail
 steps=$1; shift
+eval_samples=${EVAL:-64}
+runs=runs/tools-gsm8k; extra=()
+if [ "${VARIANT:-}" = sft ]; then
+  # A tool transcript of the SFT data is 268 completion tokens at the median (384 at the 90th percentile): every
+  # call and result counts against max_completion_length, so both arms get 384 here.
+  runs=runs/tools-gsm8k-sft; extra=(--max_completion_length 384)
+fi
 for seed in "$@"; do
   for arm in tools plain; do
     config=recipes/gsm8k_tools_cpu.yaml; [ "$arm" = plain ] && config=recipes/gsm8k_cpu.yaml
-    out=runs/tools-gsm8k/$arm-s$seed
+    model=()
+    [ "${VARIANT:-}" = sft ] && model=(--model_name_or_path "recipes/models/smollm2-135m-instruct-sft-$arm")
+    out=$runs/$arm-s$seed
     [ -f "$out/metrics.jsonl" ] && grep -q '"eval/' "$out/metrics.jsonl" && [ "$(grep -c '"eval/' "$out/metrics.jsonl")" -ge 2 ] && continue
-    rm -rf "$out"
-    cmd=(rloo train --config "$config" --max_steps "$steps" --seed "$seed" --output_dir "$out"
-         --eval_split test --eval_on_start true --num_generations_eval 1 --max_eval_samples 64 --per_device_eval_batch_size 16 --save_steps 0)
+    rm -rf "$out"; mkdir -p "$runs"
+    cmd=(rloo train --config "$config" "${model[@]}" "${extra[@]}" --max_steps "$steps" --seed "$seed" --output_dir "$out"
+         --eval_split test --eval_on_start true --num_generations_eval 1 --max_eval_samples "$eval_samples"
+         --per_device_eval_batch_size 16 --save_steps 0)
+    [ -n "${TIMEOUT:-}" ] && cmd=(timeout "$TIMEOUT" "${cmd[@]}")
     echo "$(date -u +%T) ${cmd[*]}"
     start=$(date +%s)
-    if [ -n "${LOCK:-}" ]; then flock "$LOCK" "${cmd[@]}" > "$out.log" 2>&1 || true; else "${cmd[@]}" > "$out.log" 2>&1 || true; fi
-    echo "$(date -u +%T) $arm seed $seed: $(( $(date +%s) - start )) s, exit ${PIPESTATUS[0]}"
+    rc=0
+    if [ -n "${LOCK:-}" ]; then flock "$LOCK" "${cmd[@]}" > "$out.log" 2>&1 || rc=$?; else "${cmd[@]}" > "$out.log" 2>&1 || rc=$?; fi
+    echo "$(date -u +%T) $arm seed $seed: $(( $(date +%s) - start )) s (lock wait included), exit $rc"
   done
 done

@@ -1,13 +1,14 @@
 """GSM8K with the calculator tool (recipes/gsm8k_tools_cpu.yaml): rloo's RLOOTrainer against TRL 1.16's GRPOTrainer.
 
     python benchmarks/tools_vs_trl.py --steps 3            # both systems, one fresh process each
-    python benchmarks/tools_vs_trl.py --steps 3 --systems trl
+    python benchmarks/tools_vs_trl.py --steps 3 --systems trl trl_defaults
 
 TRL's RLOOTrainer takes no tools, so TRL runs as GRPOTrainer, set to the closest match of rloo's RLOO loss:
 beta 0 for both; loss_type="dr_grpo" (each completion's token losses summed, averaged over completions, and
 divided by the constant max_completion_length: rloo's default "seq-mean-token-sum" up to that constant, where
 "grpo" would divide each completion by its own length and "dapo"/"bnpo" by the batch's token count);
-scale_rewards="none" (rloo does not divide advantages by a standard deviation). GRPO's baseline is the group
+scale_rewards="none" (rloo does not divide advantages by a standard deviation). The system "trl_defaults" runs
+GRPOTrainer again at TRL's own loss_type ("dapo") and scale_rewards ("group"), beta 0 as well. GRPO's baseline is the group
 mean including the completion itself, so its advantages are (K - 1) / K times RLOO's leave-one-out ones (0.75 at
 K = 4): the same direction, a constant scale. Same model, template, tool, reward functions, sampling settings,
 seed and threads for both; rloo keeps its recipe's own settings (shared_prefix_forward, max_prompt_length).
@@ -53,10 +54,12 @@ SHARED = ["num_generations", "per_device_train_batch_size", "gradient_accumulati
 
 def build_trainer(system: str, recipe: dict, model, tokenizer, rewards, tools, output_dir: str):
     shared = {k: recipe[k] for k in SHARED if k in recipe}
-    if system == "trl":
+    if system in ("trl", "trl_defaults"):
         from trl import GRPOConfig, GRPOTrainer
 
-        args = GRPOConfig(**shared, output_dir=output_dir, loss_type="dr_grpo", scale_rewards="none",
+        # "trl" is set to rloo's loss; "trl_defaults" keeps TRL's own loss_type ("dapo") and scale_rewards ("group")
+        matched = {"loss_type": "dr_grpo", "scale_rewards": "none"} if system == "trl" else {}
+        args = GRPOConfig(**shared, **matched, output_dir=output_dir,
                           gradient_checkpointing=False, disable_dropout=True, use_vllm=False, report_to="none",
                           save_strategy="no", disable_tqdm=True, use_cpu=True, bf16=False, top_p=1.0, top_k=0,
                           dataloader_num_workers=0, warmup_steps=0, weight_decay=0.0)
@@ -90,7 +93,7 @@ def run_worker(spec: dict) -> dict:
     model, tokenizer = load_model(recipe)
     rewards = reward_functions(recipe)
     result = {"system": spec["system"], "steps": recipe["max_steps"]}
-    if spec["system"] == "trl":
+    if spec["system"] in ("trl", "trl_defaults"):
         result["error_without_response_template"] = trl_without_a_response_template(recipe, model, tokenizer, rewards,
                                                                                     [calculator])
         if getattr(tokenizer, "response_template", None) is None:
@@ -130,7 +133,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--systems", nargs="+", default=["rloo", "trl"], choices=["rloo", "trl"])
+    parser.add_argument("--systems", nargs="+", default=["rloo", "trl", "trl_defaults"],
+                        choices=["rloo", "trl", "trl_defaults"],
+                        help="trl: GRPOTrainer with loss_type='dr_grpo', scale_rewards='none' (rloo's loss); "
+                             "trl_defaults: GRPOTrainer at its own loss_type/scale_rewards ('dapo', 'group'); beta 0 all")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
@@ -139,7 +145,12 @@ def main() -> None:
     recipe = {**yaml.safe_load(RECIPE.read_text()), "max_steps": options.steps, "seed": options.seed}
     results = []
     for system in options.systems:
-        result = spawn({"system": system, "recipe": recipe, "threads": options.threads})
+        try:
+            result = spawn({"system": system, "recipe": recipe, "threads": options.threads})
+        except RuntimeError as error:  # one system failing still leaves the others' figures
+            print(error)
+            results.append({"system": system, "error": str(error)[-2000:]})
+            continue
         results.append(result)
         print(f"{system}: {result['seconds_per_step']:.1f} s/step wall, {result['cpu_seconds_per_step']:.1f} CPU s/step, "
               f"peak RSS {result['peak_rss_mb']:.0f} MB (+{result['growth_in_train_mb']:.0f} MB in train()), "

