@@ -1,7 +1,7 @@
 """The toy tool task (`rloo demo --task add_tool`) over seeds, with and without tools: held-out greedy accuracy
 and tool-call rate after the warm start and after RLOO, and the training curves.
 
-    PYTHONPATH=src flock /work/wt/longrun.lock python benchmarks/tool_task.py --seeds 0 1 2
+    python benchmarks/tool_task.py --seeds 0 1 2
     PYTHONPATH=src python benchmarks/tool_task.py --seeds 0 --quick       # a smoke run: tiny sizes, no figures kept
 
 Each seed runs `rloo.toy.tool_demo.run` with tools=[add] and, with --control, the same run without tools.

@@ -1,7 +1,7 @@
 """GSM8K with and without the calculator tool: the table and the figure of docs/recipes.md from the runs of
 benchmarks/tools_gsm8k_runs.sh.
 
-    LOCK=/work/wt/longrun.lock bash benchmarks/tools_gsm8k_runs.sh 10 0 1 2   # rloo train, recipe by recipe, seed by seed
+    bash benchmarks/tools_gsm8k_runs.sh 10 0 1 2   # rloo train, recipe by recipe, seed by seed
     python benchmarks/tools_gsm8k.py                                           # reads runs/tools-gsm8k/*/metrics.jsonl
     python benchmarks/tools_gsm8k.py --variant sft    # runs/tools-gsm8k-sft: the SFT warm starts (VARIANT=sft above)
 

@@ -84,7 +84,7 @@ def test_the_sampler_check_fails_when_the_draws_come_from_another_distribution(p
     from rloo.generation.fast import FastSampler
 
     original = FastSampler._next_token
-    monkeypatch.setattr(FastSampler, "_next_token", lambda self, logits: original(self, logits * 1.5))
+    monkeypatch.setattr(FastSampler, "_next_token", lambda self, logits, *rest: original(self, logits * 1.5, *rest))
     result = gpu_check.check_sampler_draws(plan)
     assert not result["passed"]
     assert any(s["rows_identical"] < s["rows"] for s in result["settings"])

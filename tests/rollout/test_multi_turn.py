@@ -470,7 +470,7 @@ def test_fast_sampler_logprobs_across_turns_match_the_training_pass(tmp_path):
             self.forced, self.step = _forced_ids(tokenizer, tokenizer.decode(prompts[0])), 0
             return super().sample(model, prompts, num_generations)
 
-        def _next_token(self, logits):
+        def _next_token(self, logits, suppressed=None):
             token = torch.full((logits.shape[0],), self.forced[min(self.step, len(self.forced) - 1)])
             self.step += 1
             log_probs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
