@@ -137,12 +137,21 @@ def main() -> None:
                         choices=["rloo", "trl", "trl_defaults"],
                         help="trl: GRPOTrainer with loss_type='dr_grpo', scale_rewards='none' (rloo's loss); "
                              "trl_defaults: GRPOTrainer at its own loss_type/scale_rewards ('dapo', 'group'); beta 0 all")
+    parser.add_argument("--model", default=None,
+                        help="a model folder in place of the recipe's (e.g. recipes/models/smollm2-135m-instruct-sft-tools, "
+                             "from `python recipes/prepare.py smollm2-sft-tools`, which calls the calculator)")
+    parser.add_argument("--max-completion-length", type=int, default=None, help="in place of the recipe's")
+    parser.add_argument("--out", default="tools_vs_trl.json", help="file name under benchmarks/results/")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
         print(json.dumps(run_worker(json.loads(options.worker))))
         return
     recipe = {**yaml.safe_load(RECIPE.read_text()), "max_steps": options.steps, "seed": options.seed}
+    if options.model:
+        recipe["model_name_or_path"] = options.model
+    if options.max_completion_length:
+        recipe["max_completion_length"] = options.max_completion_length
     results = []
     for system in options.systems:
         try:
@@ -157,7 +166,7 @@ def main() -> None:
               f"tools {result['tools']}")
         if result.get("error_without_response_template"):
             print(f"  TRL without a response template: {result['error_without_response_template']}")
-    out = HERE / "results" / "tools_vs_trl.json"
+    out = HERE / "results" / options.out
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"command": " ".join(sys.argv), "recipe": recipe, "results": results}, indent=1))
     print(f"wrote {out}")
