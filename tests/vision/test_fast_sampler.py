@@ -119,6 +119,25 @@ def test_the_image_token_is_never_sampled():
             ._next_token(logits)[0] == 7).all()  # without it, the image token wins
 
 
+
+def test_the_decode_loop_never_draws_the_image_token_a_model_prefers():
+    """End to end through `sample`: a LLaVA whose head puts nearly all the mass on the image token (a hook adds 50
+    to its logit) still never gets it drawn, greedy or sampled, when the prompts carry images."""
+    model = standin_vlms.model("llava").eval()
+    tokenizer, prompt_ids, vision = _encoded("llava", model)
+    image_token = vision.image_token_id
+
+    def prefer_the_image_token(module, inputs, output):
+        output[..., image_token] += 50.0
+        return output
+
+    model.lm_head.register_forward_hook(prefer_the_image_token)
+    for do_sample in (False, True):
+        sampled = _sampler(tokenizer, do_sample=do_sample).sample(model, prompt_ids, K, vision=vision)
+        drawn = sampled.completion_ids[sampled.completion_mask.bool()]
+        assert drawn.numel() > 0 and not (drawn == image_token).any(), (do_sample, drawn)
+
+
 def _config(tmp_path, **overrides):
     values = dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=2,
                   max_completion_length=4, max_prompt_length=512, learning_rate=1e-3, beta=0.1, max_steps=1,
