@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from rloo.algo.logprobs import cache_argument, position_ids_from_mask
+from rloo.algo.logprobs import computes_own_positions as positions_are_3d  # Qwen-VL's mrope: get_rope_index
 from rloo.config_checks import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 from rloo.generation.kv_cache import append_in_place_cache
@@ -79,18 +80,6 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0
 def can_repeat_rows(cache: Any) -> bool:
     """Whether every layer of `cache` can copy its rows (`batch_repeat_interleave`)."""
     return all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", []))
-
-
-def positions_are_3d(model: torch.nn.Module) -> bool:
-    """Whether `model` places tokens with 3-D rotary positions computed from the images (Qwen2-VL, Qwen2.5-VL,
-    Qwen3-VL, ...: an `mrope_section` in the text config's rope parameters, or a `get_rope_index` method)."""
-    inner = getattr(model, "module", model)  # DDP / accelerate
-    inner = inner.get_base_model() if callable(getattr(inner, "get_base_model", None)) else inner  # PEFT
-    text_config = inner.config.get_text_config() if hasattr(inner, "config") else None
-    rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and "mrope_section" in rope:
-        return True
-    return any(hasattr(module, "get_rope_index") for module in (inner, getattr(inner, "model", None)))
 
 
 def refuse_3d_positions(model: torch.nn.Module) -> None:
