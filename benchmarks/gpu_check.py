@@ -24,7 +24,9 @@ nothing else, and each skipped and recorded when the global time budget (--budge
                             checkpointing, dropout off, adamw_torch)
     speed_trl_defaults_512  TRL at its own defaults (gradient checkpointing on, adamw_torch_fused)
     speed_rloo_4096         rloo alone at 4,096 new tokens (8 prompts x K = 8: 32 prompts' KV cache alone would
-                            take about 124 GB), 1 timed step, kernels already warm from the 512-token runs
+                            take about 124 GB), 1 timed step, no warm-up step
+    speed_rloo_lean_off_512 rloo with lean_activations=False, otherwise as speed_rloo_512: what the CPU-tuned
+                            recomputation costs or saves in the GPU's training pass
 
 Each speed section reports, over its timed steps: tokens per second of generation (new tokens / seconds in the
 sampler or `generate`) and of the training pass (prompt + completion tokens / seconds in the forward and
@@ -149,6 +151,24 @@ class Budget:
 
     def left(self) -> float:
         return self.seconds - self.used()
+
+
+class OutOfTime(Exception):
+    """The budget's alarm: raised in whatever section is running when --budget-s is spent (`partial` holds what that
+    section had measured by then)."""
+
+    partial: dict = {}
+
+
+def stop_at_budget_end(budget: "Budget") -> None:
+    """Raise OutOfTime when the budget is spent. The hard limit's SIGTERM cannot do this: inside `train()` rloo's
+    own handler takes it and stops only between rollouts, and one 4,096-token rollout outlasted the 20 s before
+    the KILL (2026-11-27: the JSON then had no word of the section)."""
+    def ring(signum, frame):
+        raise OutOfTime(f"the time budget ({budget.seconds:.0f} s) ran out")
+
+    signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, max(budget.left(), 0.001))
 
 
 class Results:
@@ -629,14 +649,14 @@ def speed_dataset(plan: Plan, prompts: int, steps: int, seed: int):
 
 
 def rloo_trainer(plan: Plan, model, tokenizer, dataset, reward, callback, output_dir: str, completion_tokens: int,
-                 micro_batch: int, prompts: int, max_steps: int):
+                 micro_batch: int, prompts: int, max_steps: int, lean_activations: bool = True):
     from rloo import RLOOConfig, RLOOTrainer
 
     completions = prompts * plan.k
     args = RLOOConfig(output_dir=output_dir, num_generations=plan.k, per_device_train_batch_size=micro_batch,
                       gradient_accumulation_steps=completions // micro_batch, max_completion_length=completion_tokens,
                       max_prompt_length=max(512, plan.prompt_tokens), max_steps=max_steps, save_steps=0,
-                      logging_steps=max_steps, seed=0, use_cpu=plan.device == "cpu",
+                      logging_steps=max_steps, seed=0, use_cpu=plan.device == "cpu", lean_activations=lean_activations,
                       **({} if plan.device == "cuda" else {"bf16": plan.bf16}))  # on a GPU: rloo's default (auto: on)
     trainer = RLOOTrainer(model, reward, args=args, train_dataset=dataset, processing_class=tokenizer,
                           callbacks=[callback])
@@ -660,7 +680,8 @@ def trl_trainer(plan: Plan, model, tokenizer, dataset, reward, callback, output_
 
 
 def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: Budget, long: bool = False) -> dict:
-    """Train `system` ("rloo", "trl_ours", "trl_defaults") for warm-up + timed steps and summarise the timed ones."""
+    """Train `system` ("rloo", "rloo_lean_off", "trl_ours", "trl_defaults") for warm-up + timed steps and summarise
+    the timed ones."""
     import transformers
 
     fresh_accelerate_state()
@@ -676,8 +697,8 @@ def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: B
     with tempfile.TemporaryDirectory() as output_dir:
         build_args = (plan, model, tokenizer, dataset, reward, clock, output_dir, completion_tokens, micro_batch,
                       prompts, warmup + steps)
-        if system == "rloo":
-            trainer = rloo_trainer(*build_args)
+        if system.startswith("rloo"):
+            trainer = rloo_trainer(*build_args, lean_activations=system != "rloo_lean_off")
             phases.wrap(trainer.sampler, "sample", "generation")
             phases.wrap(trainer.collector, "logprobs", "no_grad_passes")
             phases.wrap(trainer.learner, "accumulate_gradients", "training_pass")
@@ -688,7 +709,15 @@ def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: B
             phases.wrap(trainer, "compute_loss", "training_pass")
             phases.wrap(trainer.accelerator, "backward", "training_pass")
         memory_at_rest = torch.cuda.memory_allocated() if plan.device == "cuda" else None
-        trainer.train()
+        try:
+            trainer.train()
+        except OutOfTime as error:  # what the unfinished step had done: its phases' seconds so far
+            error.partial = {"system": system, "prompts": prompts, "max_completion_tokens": completion_tokens,
+                             "steps": clock.steps, "unfinished_step_phase_seconds": dict(phases.seconds),
+                             "unfinished_step_seconds": time.perf_counter() - clock.last if clock.last else None,
+                             **({"max_memory_allocated_bytes": torch.cuda.max_memory_allocated()}
+                                if plan.device == "cuda" else {})}
+            raise
     timed = clock.steps[warmup:]
     entry = {"system": system, "prompts": prompts, "k": plan.k, "prompt_tokens": plan.prompt_tokens,
              "max_completion_tokens": completion_tokens, "micro_batch": micro_batch, "warmup_steps": warmup,
@@ -755,11 +784,16 @@ def estimate_seconds(name: str, plan: Plan, results: Results) -> float | None:
     steps = plan.warmup_steps + plan.steps
     if name.startswith("speed_trl"):  # generate is slower per token than the fast sampler; allow 1.6x
         return 1.6 * base["seconds_per_step"] * steps + 15
+    if name == "speed_rloo_lean_off_512":
+        return 1.2 * base["seconds_per_step"] * steps + 15
     if name == "speed_rloo_4096":
         per_token = base["generation_s_per_step"] / plan.completion_tokens  # launch-bound: ~flat in batch size
         tokens = plan.long_prompts * (plan.prompt_tokens + plan.long_completion_tokens) / (
             plan.prompts * (plan.prompt_tokens + plan.completion_tokens))
-        per_step = 1.2 * per_token * plan.long_completion_tokens + 1.5 * tokens * (
+        # 2.5x the 512-token decode step: at up to 4,224 cached positions attention and the GQA key/value expansion
+        # grow, and the section has no warm-up step for its new shapes. With 1.2x (182 s) on an H100 on 2026-11-27
+        # the section had not finished its one step after about 295 s (docs/benchmarks.md).
+        per_step = 2.5 * per_token * plan.long_completion_tokens + 1.5 * tokens * (
             base["training_pass_s_per_step"] + base["no_grad_passes_s_per_step"]) + base["other_s_per_step"]
         return (plan.long_warmup_steps + plan.long_steps) * per_step + 15
     return None
@@ -837,9 +871,14 @@ def run_section(results: Results, name: str, budget: Budget, function: Callable[
         print(f"[gpu_check] {name}: skipped ({entry['reason']})", flush=True)
         return entry
     print(f"[gpu_check] {name} ...", flush=True)
+    # Recorded first, so that a run killed from outside still says which section it was in and since when.
+    results.record(name, {"status": "running", "started_after_s": budget.used(),
+                          **({"estimated_seconds": estimate} if estimate is not None else {})})
     begin = time.perf_counter()
     try:
         entry = {"status": "ok", **function()}
+    except OutOfTime as error:
+        entry = {"status": "stopped", "reason": str(error), **error.partial}
     except Exception as error:  # noqa: BLE001 - one failed section must not lose the others
         entry = {"status": "failed", "error": f"{type(error).__name__}: {error}"[:2000],
                  "traceback": traceback.format_exc()[-4000:]}
@@ -849,8 +888,9 @@ def run_section(results: Results, name: str, budget: Budget, function: Callable[
     results.record(name, entry)
     verdict = entry["status"] if "passed" not in entry else ("passed" if entry["passed"] else "FAILED CHECK")
     print(f"[gpu_check] {name}: {verdict} in {entry['seconds']:.1f} s"
-          + (f" ({entry['error']})" if entry["status"] == "failed" else ""), flush=True)
-    if entry["status"] == "failed":
+          + (f" ({entry.get('error') or entry.get('reason')})" if entry["status"] in ("failed", "stopped") else ""),
+          flush=True)
+    if entry["status"] in ("failed", "stopped"):
         release_memory(results.data["device"])
     return entry
 
@@ -887,9 +927,11 @@ def main(argv: list[str] | None = None) -> dict:
     results = Results(out_dir, header)
     # `timeout` sends SIGTERM: end the way an error would, so the table of what finished is still written.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
+    stop_at_budget_end(budget)
     try:
         run_sections(plan, results, budget, wanted)
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         results.data["total_seconds"] = budget.used()
         results.write()
         table = render_table(results.data)
@@ -917,7 +959,7 @@ def run_sections(plan: Plan, results: Results, budget: Budget, wanted: set[str] 
     run_section(results, "rloo_step_cuda_vs_cpu", budget, lambda: check_rloo_step(plan), wanted=wanted)
 
     systems = {"speed_rloo_512": "rloo", "speed_trl_ours_512": "trl_ours", "speed_trl_defaults_512": "trl_defaults",
-               "speed_rloo_4096": "rloo"}
+               "speed_rloo_4096": "rloo", "speed_rloo_lean_off_512": "rloo_lean_off"}
     if wanted is not None and not wanted & set(systems):
         return
     tokenizer = word_tokenizer(plan.model)
@@ -993,10 +1035,17 @@ def render_table(data: dict) -> str:
                      f"| {_fmt(entry.get('seconds_per_step'))} | {_fmt(entry.get('generation_tokens_per_s'), 4)} "
                      f"| {_fmt(entry.get('training_tokens_per_s'), 4)} | {_fmt(entry.get('no_grad_passes_s_per_step'))} "
                      f"| {_fmt(memory / 1e9 if memory else None)} | {_fmt(entry.get('training_mfu'))} |")
-    failed = [name for name, entry in sections.items() if entry.get("status") == "failed"]
-    skipped = [name for name, entry in sections.items() if entry.get("status") == "skipped"]
-    if failed or skipped:
-        lines += ["", f"failed: {', '.join(failed) or '-'}; skipped: {', '.join(skipped) or '-'}"]
+    by_status = {status: [name for name, entry in sections.items() if entry.get("status") == status]
+                 for status in ("failed", "stopped", "running", "skipped")}
+    if any(by_status.values()):
+        lines += ["", "; ".join(f"{status}: {', '.join(names) or '-'}" for status, names in by_status.items())]
+    for name in by_status["stopped"]:
+        entry = sections[name]
+        unfinished = entry.get("unfinished_step_phase_seconds") or {}
+        lines.append(f"\n{name}: {entry.get('reason')} after {_fmt(entry.get('seconds'))} s, "
+                     f"{len(entry.get('steps', []))} step(s) finished; the unfinished step had run "
+                     f"{_fmt(entry.get('unfinished_step_seconds'))} s ("
+                     + ", ".join(f"{phase} {_fmt(seconds)} s" for phase, seconds in unfinished.items()) + ")")
     return "\n".join(lines) + "\n"
 
 

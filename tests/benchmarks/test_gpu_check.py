@@ -20,7 +20,7 @@ import gpu_check  # noqa: E402  (benchmarks/gpu_check.py)
 CORRECTNESS = [f"{check}_{precision}" for precision in ("fp32", "bf16")
                for check in ("tiled_head", "lean_activations", "shared_prefix")] + ["sampler_same_draws",
                                                                                     "rloo_step_cuda_vs_cpu"]
-SPEED = ["speed_rloo_512", "speed_trl_ours_512", "speed_trl_defaults_512", "speed_rloo_4096"]
+SPEED = ["speed_rloo_512", "speed_trl_ours_512", "speed_trl_defaults_512", "speed_rloo_4096", "speed_rloo_lean_off_512"]
 
 
 @pytest.fixture
@@ -60,6 +60,8 @@ def test_dry_run_passes_every_check_and_times_every_run(tmp_path):
         assert entry["generation_tokens_per_s"] > 0 and entry["training_tokens_per_s"] > 0
         assert 0 < entry["training_mfu"] < 1
     assert sections["speed_rloo_4096"]["mean_completion_tokens"] > plan["completion_tokens"]
+    assert sections["speed_rloo_512"]["settings"]["lean_activations"] is True
+    assert sections["speed_rloo_lean_off_512"]["settings"]["lean_activations"] is False
     if with_trl:
         assert sections["speed_trl_defaults_512"]["settings"]["gradient_checkpointing"] is True
         assert sections["speed_trl_ours_512"]["settings"]["gradient_checkpointing"] is False
@@ -110,3 +112,34 @@ def test_qwen3_0_6b_config_has_the_published_size():
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert round(sum(p.numel() for p in model.parameters()) / 1e6) == 596
     assert round(gpu_check.decoder_matrix_parameters(gpu_check.QWEN3_0_6B) / 1e6) == 440
+
+
+def test_a_section_still_running_when_the_budget_ends_is_stopped_and_reported(tmp_path, monkeypatch):
+    """The budget's alarm ends a section mid-step (here a sampler that would sleep for two minutes): the section is
+    recorded as stopped with what it had measured, the table is written, and nothing after it starts."""
+    import signal
+    import time
+
+    from rloo.generation.fast import FastSampler
+
+    def stuck(self, *args, **kwargs):
+        time.sleep(120)
+        raise AssertionError("the budget's alarm did not interrupt the section")
+
+    monkeypatch.setattr(FastSampler, "sample", stuck)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGALRM, signal.SIGTERM)}
+    try:
+        data = gpu_check.main(["--cpu-tiny", "--out", str(tmp_path), "--budget-s", "20",
+                               "--sections", "environment,speed_rloo_512,speed_rloo_4096"])
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    sections = data["sections"]
+    stopped = sections["speed_rloo_512"]
+    assert stopped["status"] == "stopped", stopped
+    assert "time budget" in stopped["reason"] and stopped["steps"] == []
+    assert stopped["unfinished_step_phase_seconds"]["generation"] > 0  # the sampler's time so far was kept
+    assert sections["speed_rloo_4096"]["status"] == "skipped"
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["sections"]["speed_rloo_512"]["status"] == "stopped"
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert "stopped: speed_rloo_512" in table and "the unfinished step had run" in table
