@@ -133,3 +133,56 @@ def test_gradient_checkpointing_with_lora_and_tiled_head(make_model):
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5)
+
+
+# --- tokenizers come back as they were saved ----------------------------------------------------------------------
+
+TEXT_WITH_SPACES = "user: 12 + 34 =\nassistant: 46\n"
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_saved_custom_tokenizer_loads_as_saved_beside_a_model_of_a_known_type(tokenizer, tmp_path, arch):
+    """transformers 5's AutoTokenizer gives a folder holding a qwen2 model config Qwen2Tokenizer even when its
+    tokenizer_config.json names the generic class, and that class rebuilt the toy's character-level tokenizer into
+    one that drops spaces and newlines. Every place rloo loads a tokenizer by path reads it as it was saved."""
+    from rloo.toy import build_tiny_model
+
+    build_tiny_model(tokenizer, arch=arch, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                     intermediate_size=32).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    messages = [{"role": "user", "content": "12 + 34 ="}]
+    loaders = {"model_loading.load_tokenizer": lambda: model_loading.load_tokenizer(str(tmp_path)),
+               "builders.load_tokenizer": lambda: builders.load_tokenizer(None, str(tmp_path))}
+    for where, load in loaders.items():
+        loaded = load()
+        assert loaded(TEXT_WITH_SPACES).input_ids == tokenizer(TEXT_WITH_SPACES).input_ids, where
+        assert loaded.decode(loaded(TEXT_WITH_SPACES).input_ids) == TEXT_WITH_SPACES, where
+        assert (loaded.apply_chat_template(messages, add_generation_prompt=True)
+                == tokenizer.apply_chat_template(messages, add_generation_prompt=True)), where
+        assert loaded.padding_side == "left" and loaded.pad_token_id == tokenizer.pad_token_id, where
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_a_real_tokenizer_saved_and_loaded_encodes_as_before(tmp_path, family):
+    """Real vocabularies (llama.cpp's GGUF files), saved with save_pretrained beside a model of their family's
+    type where there is one, come back encoding as the tokenizer that was saved; a folder naming a class of its
+    own keeps the class AutoTokenizer gives it."""
+    import json
+
+    from rloo.assets.vocabularies import load_vocab_tokenizer, vocabularies_available
+
+    if not vocabularies_available():
+        pytest.skip("the llama.cpp vocabularies are not here")
+    real = load_vocab_tokenizer(family)
+    real.save_pretrained(tmp_path)
+    if family == "qwen2":  # a fine-tuned model's folder: the tokenizer beside its model's config
+        transformers.Qwen2Config(vocab_size=len(real), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1).save_pretrained(tmp_path)
+    loaded = model_loading.load_tokenizer(str(tmp_path))
+    text = TEXT_WITH_SPACES + "  indented\tand tabbed, ünïcödé"
+    assert loaded(text).input_ids == real(text).input_ids
+    assert loaded.decode(loaded(text).input_ids, skip_special_tokens=True) == real.decode(real(text).input_ids,
+                                                                                         skip_special_tokens=True)
+    declared = json.loads((tmp_path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    if declared not in model_loading.GENERIC_TOKENIZER_CLASSES:
+        assert type(loaded) is type(transformers.AutoTokenizer.from_pretrained(tmp_path))

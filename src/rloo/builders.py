@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import torch
 from accelerate import Accelerator
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler
+from transformers import AutoModelForCausalLM, PreTrainedModel, get_scheduler
 
 from rloo import model_loading
 from rloo.algo.lean_activations import lean_activations
@@ -129,8 +129,8 @@ def load_tokenizer(processing_class: Any, model: str | PreTrainedModel, trust_re
     check_model_name(model)
     if is_processor(processing_class):
         processing_class = processing_class.tokenizer
-    tokenizer = processing_class if processing_class is not None else model_loading.from_pretrained(
-        AutoTokenizer.from_pretrained, model if isinstance(model, str) else model.config._name_or_path, "model",
+    tokenizer = processing_class if processing_class is not None else model_loading.load_tokenizer(
+        model if isinstance(model, str) else model.config._name_or_path, "model",
         **({"trust_remote_code": True} if trust_remote_code else {}),
     )
     if tokenizer.pad_token_id is None:

@@ -6,6 +6,8 @@ policy with a `peft_config` into QLoRA (k-bit base prepared for training, LoRA a
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +17,8 @@ import torch.utils.checkpoint
 
 from rloo.algo.prefix_logprobs import ReplayableCache
 from rloo.config import ConfigError, RLOOConfig
+
+logger = logging.getLogger(__name__)
 
 # What a model given by name gets unless the user says otherwise: the checkpoint's own dtype (not
 # silently fp32), and no code from the Hub runs unless asked.
@@ -146,3 +150,47 @@ def hub_error_message(name: str, what: str, error: BaseException) -> str:
     return (f"{what} {name!r} is not a local path and could not be loaded from the Hugging Face Hub ({reason}). If the "
             f"Hub is unreachable, give a local directory written by save_pretrained; check the id's spelling; for a "
             f"private or gated model, log in with `hf auth login`.")
+
+
+# The classes transformers writes into tokenizer_config.json for a tokenizer that is its tokenizer.json and nothing
+# else (transformers 5's name, and 4's).
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+# The parts of tokenizer.json that decide how text becomes ids and back.
+TOKENIZER_PARTS = ("model", "normalizer", "pre_tokenizer", "decoder")
+
+
+def load_tokenizer(name: str, what: str = "model", **kwargs: Any) -> Any:
+    """`AutoTokenizer.from_pretrained(name, **kwargs)`, but a tokenizer saved as a plain tokenizer.json comes back as
+    it was saved.
+
+    transformers 5 picks the tokenizer class from the model's type when the folder also holds a model config (a
+    qwen2 model: Qwen2Tokenizer), even where tokenizer_config.json names the generic class; that class rebuilds the
+    vocabulary model, normaliser, pre-tokenizer and decoder its own way, and a custom tokenizer then encodes other
+    ids without a word (rloo's character-level toy tokenizer, saved beside a Qwen2 model, lost its spaces and
+    newlines). When the folder declares the generic class and the loaded tokenizer's parts differ from its
+    tokenizer.json, the folder is loaded with the generic class instead, which reads tokenizer.json as written."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tokenizer = from_pretrained(AutoTokenizer.from_pretrained, name, what, **kwargs)
+    folder = Path(name).expanduser()
+    if type(tokenizer).__name__ in GENERIC_TOKENIZER_CLASSES or not (folder / "tokenizer.json").is_file():
+        return tokenizer
+    declared = _read_json(folder / "tokenizer_config.json").get("tokenizer_class")
+    if declared not in GENERIC_TOKENIZER_CLASSES:
+        return tokenizer
+    saved = _read_json(folder / "tokenizer.json")
+    loaded = json.loads(tokenizer.backend_tokenizer.to_str())
+    changed = [part for part in TOKENIZER_PARTS if saved.get(part) != loaded.get(part)]
+    if not changed:
+        return tokenizer
+    logger.warning("%s %s: AutoTokenizer gave %s, which rebuilt the %s of the saved tokenizer.json (declared %s); "
+                   "loading it as %s instead, as it was saved", what, name, type(tokenizer).__name__,
+                   ", ".join(changed), declared, PreTrainedTokenizerFast.__name__)
+    return PreTrainedTokenizerFast.from_pretrained(str(folder), **kwargs)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

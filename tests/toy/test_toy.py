@@ -298,6 +298,12 @@ def test_cache_trains_once_then_loads(tmp_path, capsys, monkeypatch):
     assert "loaded from cache" in capsys.readouterr().out
     assert _same_weights(model, loaded) and not loaded.training
     assert loaded_tok("12+34=")["input_ids"] == tokenizer("12+34=")["input_ids"]
+    # The prompt as the demo gives it, spaces and newline included (transformers 5 alone reloads the entry's
+    # tokenizer as Qwen2Tokenizer, which drops them: model_loading.load_tokenizer).
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "12+34="}], tokenize=False,
+                                           add_generation_prompt=True)
+    assert " " in prompt and "\n" in prompt
+    assert loaded_tok(prompt)["input_ids"] == tokenizer(prompt)["input_ids"]
     assert loaded.generation_config.pad_token_id == tokenizer.pad_token_id
 
 

@@ -55,11 +55,9 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
     eval_dataset = (first_rows(load_prompt_dataset(script.dataset_name, script.eval_split, script.dataset_config),
                                script.max_eval_samples) if script.eval_split else None)
     peft_config = trl_flags.lora_config(script, script.trl_flags) if script.use_peft else None
-    from transformers import AutoTokenizer
-
     revision = (config.model_init_kwargs or {}).get("revision")
-    tokenizer = model_loading.from_pretrained(  # also for rewards that read token ids
-        AutoTokenizer.from_pretrained, script.model_name_or_path, "model", **({"revision": revision} if revision else {}),
+    tokenizer = model_loading.load_tokenizer(  # also for rewards that read token ids
+        script.model_name_or_path, "model", **({"revision": revision} if revision else {}),
         **({"trust_remote_code": True} if config.trust_remote_code else {}))
     trainer = RLOOTrainer(
         model=script.model_name_or_path,

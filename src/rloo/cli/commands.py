@@ -17,7 +17,6 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     """`rloo eval --model PATH --config run.yaml [flags]`: the eval metrics of a saved model or checkpoint on
     the config's eval_split, else the data's held-out split ("test", else "validation"), else (with a
     warning) its training split; max_eval_samples keeps the first N prompts. Says what it scores first."""
-    from transformers import AutoTokenizer
 
     from rloo.cli.parser import parse_train_args
     from rloo.cli.rewards import resolve_reward_func, tool_arguments
@@ -55,7 +54,7 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     from rloo import builders, model_loading
 
     builders.check_model_name(options.model)
-    tokenizer = model_loading.from_pretrained(AutoTokenizer.from_pretrained, options.model, "model")
+    tokenizer = model_loading.load_tokenizer(options.model, "model")
     trainer = RLOOTrainer(model=options.model, args=config, processing_class=tokenizer,
                           reward_funcs=[resolve_reward_func(spec, tokenizer) for spec in script.reward_funcs],
                           train_dataset=_one_rollout_of(dataset, config), eval_dataset=dataset,

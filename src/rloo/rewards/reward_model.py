@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from rloo.config import ConfigError
 from rloo.data.prompts import is_conversational
@@ -55,14 +55,14 @@ class RewardModel:
                         name: str | None = None, **init_kwargs: Any) -> "RewardModel":
         """Load a reward model (and, unless given, its tokenizer) from a model id or local path;
         `init_kwargs` (attn_implementation, revision, trust_remote_code, ...) go to `from_pretrained`."""
-        from rloo.model_loading import from_pretrained
+        from rloo.model_loading import from_pretrained, load_tokenizer
 
         init_kwargs.setdefault("trust_remote_code", False)
         model = from_pretrained(AutoModelForSequenceClassification.from_pretrained, path, "reward model", num_labels=1,
                                 dtype=dtype, **init_kwargs)
         if device is not None:
             model = model.to(device)
-        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path, "reward model")
         options = {k: v for k, v in dict(batch_size=batch_size, name=name).items() if v is not None}
         return cls(model, tokenizer, **options)
 
@@ -111,5 +111,7 @@ def as_reward_model(spec: str | PreTrainedModel, tokenizer: Any = None, device: 
         return RewardModel.from_pretrained(spec, tokenizer=tokenizer, device=device, **kwargs)
     model = spec.to(device) if device is not None else spec
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)
+        from rloo.model_loading import load_tokenizer
+
+        tokenizer = load_tokenizer(model.config._name_or_path, "reward model")
     return RewardModel(model, tokenizer)

@@ -23,6 +23,7 @@ from datasets import Dataset
 from rloo.algo.logprobs import position_ids_from_mask
 from rloo.data.prompts import tokenize_prompts
 from rloo.generation import left_pad
+from rloo.model_loading import load_tokenizer
 from rloo.toy.early_stopping import AccuracyTarget
 from rloo.toy.greedy_accuracy import greedy_accuracy
 from rloo.toy.models import build_tiny_model, set_generation_ids
@@ -348,7 +349,7 @@ def _typical_steps(settings: dict[str, Any]) -> tuple[int, int] | None:
 
 def _load_entry(entry: Path) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """The model (float32, eval mode) and tokenizer saved in a cache entry."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(entry)
+    tokenizer = load_tokenizer(str(entry), "warm-start cache entry")  # as saved: AutoTokenizer would rebuild it
     model = transformers.AutoModelForCausalLM.from_pretrained(entry, dtype=torch.float32).eval()
     set_generation_ids(model, tokenizer)
     return model, tokenizer
