@@ -30,8 +30,8 @@ def _encoded(family: str, model: torch.nn.Module):
     dataset = standin_vlms.image_dataset(3)
     rows = [dataset[i] for i in range(3)]
     rows[1] = {**rows[1], "prompt": [{"role": "user", "content": "a longer question: how many squares are there?"}]}
-    if family in QWEN_VL:  # three image grids (2x3, 1x1 and 3x2 merged patches): three rope deltas, three lengths
-        sizes = [(56, 84), (28, 28), (84, 56)]
+    if family in QWEN_VL:  # grids of 8x4, 4x4 and 4x6 patches (the smallest is raised to 4x4): rope deltas -4, -2, -3
+        sizes = [(56, 112), (28, 28), (84, 56)]
         rows = [{**row, "image": row["image"].convert("RGB").resize(size)} for row, size in zip(rows, sizes)]
     encoder = ImagePromptEncoder(processor, "image", 4096, image_token_id(model.config, processor))
     prompt_ids, vision = encoder.encode(rows)
