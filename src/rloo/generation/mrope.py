@@ -1,6 +1,6 @@
 """Multimodal rotary positions (mrope) for the fast sampler's hand-written decode loop.
 
-Qwen2-VL, Qwen2.5-VL and Qwen3-VL give each token a (time, row, column) position: text tokens have the
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5 give each token a (time, row, column) position: text tokens have the
 same number on the three axes, an image's tokens their place in the image's grid. The model builds a
 prompt's positions itself (`get_rope_index`, from the ids, the per-token `mm_token_type_ids`,
 `image_grid_thw` and the attention mask, left padding skipped). Text after the prompt continues on all
@@ -21,9 +21,9 @@ import torch
 from rloo.algo.logprobs import rope_index_owner
 
 # The model types whose decode positions are the rule above, tested against `generate` and the training pass
-# (tests/vision/test_fast_sampler.py). Other models with `get_rope_index` (Qwen3.5, Qwen-Omni, GLM-4V, ...) are
+# (tests/vision/test_fast_sampler.py). Other models with `get_rope_index` (Qwen-Omni, GLM-4V, ERNIE-VL, ...) are
 # refused by the fast sampler by name until they have a stand-in and the same tests.
-VERIFIED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+VERIFIED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe")
 
 
 def model_type(model: torch.nn.Module) -> str | None:
