@@ -381,7 +381,7 @@ def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) 
                           f"{args.sampler!r} sampler ({type(sampler).__name__}) does not take image inputs. Set "
                           f"sampler='fast' or 'generate' (docs/vision.md lists what each sampler supports).")
     if isinstance(sampler, FastSampler):
-        refuse_3d_positions(policy)  # 3-D positions other than Qwen2-VL, Qwen2.5-VL, Qwen3-VL: sampler='generate'
+        refuse_3d_positions(policy)  # 3-D positions not verified (mrope.VERIFIED_MODEL_TYPES): sampler='generate'
     if multi_turn is not None:
         raise ConfigError("prompts with images do not run with tools, environments or a rollout_func yet; drop the "
                           f"{column!r} column or the multi-turn arguments.")

@@ -153,7 +153,7 @@ def completion_logprobs(
 
 def computes_own_positions(model: torch.nn.Module) -> bool:
     """Whether the model builds its own 3-D rotary positions from the ids, the image grids and the mask
-    (multimodal RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL; their model has `get_rope_index`).
+    (multimodal RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5; their model has `get_rope_index`).
 
     1-D position ids would be broadcast to all three axes by these models, silently giving every image
     token its sequence index instead of its row and column; with position_ids=None the model computes

@@ -14,7 +14,7 @@ Prompts with images (`vision`, a `data.images.VisionInputs`, one row per complet
 each distinct prompt's images once (N rows, the vision tower's work is not repeated K times), the cache
 holds the image features from then on, and decoding is text-only. The image token is never sampled (as
 `generate` is told with `suppress_tokens`): a sampled image token would have no features in later passes.
-Models with 3-D rotary positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL's mrope, `image_grid_thw`) get the model's
+Models with 3-D rotary positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5's mrope, `image_grid_thw`) get the model's
 own positions: the prefill's from `get_rope_index`, and each decoded token n + rope_delta on all three axes
 (`mrope.decode_positions`, the deltas repeated K times with the cache). Other models with 3-D positions are
 refused by name (`refuse_3d_positions`).
