@@ -176,6 +176,9 @@ def test_a_trainer_with_images_and_no_sampler_set_trains_with_the_fast_sampler(t
         # or all of them where the cache cannot copy rows (Qwen3.5's linear-attention layers: a prefill per completion)
         prefill_rows = 2 if fast_module.can_repeat_rows(append_in_place_cache(model.config, room=1)) else 4
         assert len(calls) == 3 and calls[1] == calls[2] == 4 // prefill_rows * calls[0], calls
+        calls.clear()
+        assert "eval/reward" in trainer.evaluate(standin_vlms.image_dataset(3, seed=1))
+        assert len(calls) == 2, calls  # the eval prefills (2 prompts, then 1)
         return
     per_image = 5 if family == "llava_next" else 1  # LLaVA-NeXT's image is 5 tiles here
     assert calls == [2 * per_image, 4 * per_image, 4 * per_image], calls
