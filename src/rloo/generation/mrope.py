@@ -6,8 +6,9 @@ prompt's positions itself (`get_rope_index`, from the ids, the per-token `mm_tok
 `image_grid_thw` and the attention mask, left padding skipped). Text after the prompt continues on all
 three axes at the prompt's largest position + 1, + 1 a token. `get_rope_index` also returns, per row,
 `rope_deltas` = that largest position + 1 - the row's number of real tokens, so the token that follows
-n real tokens sits at n + rope_delta: `generate` does the same (its decode adds the stored deltas to the
-1-D positions that skip the padding).
+n real tokens sits at n + rope_delta. `generate` gives the same positions (transformers 5.24: it builds the
+prompt's with `get_rope_index` and gives each new token the last one's + 1; the model's own forward, given a
+cache and no positions, adds its stored deltas to the 1-D positions that skip the padding).
 
 The fast sampler computes these positions explicitly instead of relying on the `rope_deltas` that the
 model keeps on itself between calls: that state has one row per prefilled prompt (N), while decoding
