@@ -366,8 +366,8 @@ _IMAGE_REFUSALS = {
 def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) -> ImagePromptEncoder | None:
     """The stage that renders rows with images through the processor (`data.images`); None for a text dataset.
     Refuses, by name, what the image path does not take: a tokenizer instead of a processor, a sampler other
-    than `fast` and `generate` (and `fast` for a model with 3-D positions), multi-turn rollouts, and the options
-    of `_IMAGE_REFUSALS`."""
+    than `fast` and `generate` (and `fast` for a model with 3-D positions it is not verified on), multi-turn
+    rollouts, and the options of `_IMAGE_REFUSALS`."""
     args, sampler, multi_turn = trainer.args, trainer.sampler, trainer.multi_turn
     column = image_column(trainer.train_dataset.column_names)
     if column is None:
@@ -381,7 +381,7 @@ def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) 
                           f"{args.sampler!r} sampler ({type(sampler).__name__}) does not take image inputs. Set "
                           f"sampler='fast' or 'generate' (docs/vision.md lists what each sampler supports).")
     if isinstance(sampler, FastSampler):
-        refuse_3d_positions(policy)  # Qwen-VL's mrope: sampler='generate'
+        refuse_3d_positions(policy)  # 3-D positions not verified (mrope.VERIFIED_MODEL_TYPES): sampler='generate'
     if multi_turn is not None:
         raise ConfigError("prompts with images do not run with tools, environments or a rollout_func yet; drop the "
                           f"{column!r} column or the multi-turn arguments.")

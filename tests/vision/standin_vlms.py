@@ -1,5 +1,5 @@
-"""Tiny Gemma 3, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL and Qwen3-VL models (random float32 weights) with their real processor
-classes, from the TRL-suite stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image
+"""Tiny Gemma 3, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and Qwen3.5-MoE models (random float32
+weights) with their real processor classes, from the TRL-suite stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image
 data set, for the image-path tests."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import vlm_standins  # noqa: E402
 FAMILIES = {"gemma3": "tiny-Gemma3ForConditionalGeneration", "llava": "tiny-LlavaForConditionalGeneration",
             "llava_next": "tiny-LlavaNextForConditionalGeneration",
             "qwen2_vl": "tiny-Qwen2VLForConditionalGeneration", "qwen2_5_vl": "tiny-Qwen2_5_VLForConditionalGeneration",
-            "qwen3_vl": "tiny-Qwen3VLForConditionalGeneration"}
+            "qwen3_vl": "tiny-Qwen3VLForConditionalGeneration", "qwen3_5": "tiny-Qwen3_5ForConditionalGeneration",
+            "qwen3_5_moe": "tiny-Qwen3_5MoeForConditionalGeneration"}
 # Not one of TRL's test ids (so not in the TRL-suite stand-ins): Qwen3-VL, interleaved multimodal RoPE, 16-pixel patches.
 QWEN3_VL = vlm_standins.VLMStandIn(
     "tiny-Qwen3VLForConditionalGeneration", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
@@ -28,6 +29,26 @@ QWEN3_VL = vlm_standins.VLMStandIn(
         "rope_type": "default", "mrope_section": [1, 1, 2], "mrope_interleaved": True, "rope_theta": 5e6}},
         "vision_config": {"depth": 2, "hidden_size": 16, "num_heads": 4, "intermediate_size": 32, "out_hidden_size": 16,
                           "deepstack_visual_indexes": [1], "num_position_embeddings": 64}})
+
+# Qwen3.5 (and its MoE), not buildable from TRL's ids here either: a linear-attention layer (Gated DeltaNet, whose cache
+# cannot copy rows) then a full-attention one, interleaved multimodal RoPE, Qwen3-VL's processor with Qwen3.5's ids.
+_QWEN3_5_TEXT = {**vlm_standins.TEXT, "head_dim": 8, "vocab_size": 248320, "eos_token_id": 248046, "pad_token_id": 248044,
+                 "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+                 "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+                 "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2], "mrope_interleaved": True,
+                                     "rope_theta": 1e7, "partial_rotary_factor": 1.0}}
+_QWEN3_5_VISION = {"depth": 2, "hidden_size": 16, "num_heads": 4, "intermediate_size": 32, "out_hidden_size": 16,
+                   "num_position_embeddings": 64}
+QWEN3_5 = vlm_standins.VLMStandIn(
+    "tiny-Qwen3_5ForConditionalGeneration", "Qwen3_5Config", "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor",
+    "Qwen2VLImageProcessorPil", None, vlm_standins.QWEN35_TOKENS, image_processor_kwargs={"patch_size": 16},
+    config={"text_config": _QWEN3_5_TEXT, "vision_config": _QWEN3_5_VISION})
+QWEN3_5_MOE = vlm_standins.VLMStandIn(
+    "tiny-Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3VLProcessor", "Qwen2VLImageProcessorPil", None, vlm_standins.QWEN35_TOKENS,
+    image_processor_kwargs={"patch_size": 16},
+    config={"text_config": {**_QWEN3_5_TEXT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                            "shared_expert_intermediate_size": 16}, "vision_config": _QWEN3_5_VISION})
 
 
 def _image_only_qwen_processor(standin: vlm_standins.VLMStandIn):
@@ -54,7 +75,7 @@ def _image_only_qwen_processor(standin: vlm_standins.VLMStandIn):
 
 
 def _standin(family: str) -> vlm_standins.VLMStandIn:
-    return next(s for s in [*vlm_standins.VLM_STANDINS, QWEN3_VL] if s.name == FAMILIES[family])
+    return next(s for s in [*vlm_standins.VLM_STANDINS, QWEN3_VL, QWEN3_5, QWEN3_5_MOE] if s.name == FAMILIES[family])
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,7 +1,8 @@
 """Images through the fast sampler (generation.fast), the default: each distinct prompt's images run once in the
 prefill, the cache is repeated K times, decoding is text-only. Checked against `generate` (greedy), against the
 training pass's log-probs, end to end with no sampler set (as a TRL VLM script runs), and by the vision tower's
-own calls. Qwen-VL (3-D positions) is refused by name."""
+own calls. Qwen2-VL, Qwen2.5-VL and Qwen3-VL (3-D rotary positions) included; other models with 3-D positions are
+refused by name."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import standin_vlms
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.algo.logprobs import completion_logprobs
+from rloo.algo.logprobs import completion_logprobs, rope_index_owner
 from rloo.config import ConfigError
 from rloo.data.images import ImagePromptEncoder, image_token_id
-from rloo.generation import FastSampler
+from rloo.generation import FastSampler, mrope
 from rloo.generation import fast as fast_module
 from rloo.generation.base import left_pad
+from rloo.generation.kv_cache import append_in_place_cache
 
-FAMILIES = ["gemma3", "llava", "llava_next"]
+QWEN_VL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"]  # 3-D rotary positions (mrope)
+FAMILIES = ["gemma3", "llava", "llava_next", *QWEN_VL]
 K = 3
 
 
@@ -28,9 +31,12 @@ def _encoded(family: str, model: torch.nn.Module):
     dataset = standin_vlms.image_dataset(3)
     rows = [dataset[i] for i in range(3)]
     rows[1] = {**rows[1], "prompt": [{"role": "user", "content": "a longer question: how many squares are there?"}]}
+    if family in QWEN_VL:  # grids of 8x4, 4x4 and 4x6 patches (the smallest is raised to 4x4): rope deltas -4, -2, -3
+        sizes = [(56, 112), (28, 28), (84, 56)]
+        rows = [{**row, "image": row["image"].convert("RGB").resize(size)} for row, size in zip(rows, sizes)]
     encoder = ImagePromptEncoder(processor, "image", 4096, image_token_id(model.config, processor))
     prompt_ids, vision = encoder.encode(rows)
-    assert len({len(ids) for ids in prompt_ids}) == 2
+    assert len({len(ids) for ids in prompt_ids}) >= 2
     return processor.tokenizer, prompt_ids, vision.repeat(K)
 
 
@@ -43,6 +49,8 @@ def _sampler(tokenizer, **overrides) -> FastSampler:
 def test_greedy_fast_sampling_equals_greedy_generate_on_image_prompts(family):
     model = standin_vlms.model(family).eval()
     tokenizer, prompt_ids, vision = _encoded(family, model)
+    if family in QWEN_VL:  # stale rope deltas kept on the model (one row, wrong value): the sampler must not read them
+        rope_index_owner(model).rope_deltas = torch.full((1, 1), 100)
     fast = _sampler(tokenizer, do_sample=False).sample(model, prompt_ids, K, vision=vision)
 
     ids, mask = left_pad([p for p in prompt_ids for _ in range(K)], tokenizer.pad_token_id)
@@ -76,30 +84,32 @@ def test_sampled_logprobs_equal_the_training_pass(family):
 
 
 def _vision_tower(model):
-    return next(module for name, module in model.named_modules() if name.endswith("vision_tower"))
+    return next(module for name, module in model.named_modules() if name.endswith(("vision_tower", "model.visual")))
 
 
 def _count_images(model, calls):
-    """Record the leading size of every input of the vision tower (images, or LLaVA-NeXT's tiles)."""
+    """Record the leading size of every input of the vision tower (images, LLaVA-NeXT's tiles, Qwen-VL's patches)."""
     _vision_tower(model).register_forward_pre_hook(
         lambda module, args, kwargs: calls.append((args or (kwargs["pixel_values"],))[0].shape[0]), with_kwargs=True)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llava"])
+@pytest.mark.parametrize("family", ["gemma3", "llava", "qwen2_vl"])
 def test_the_prefill_runs_each_prompts_images_once_and_the_fallback_each_rows(family, monkeypatch):
     """One vision-tower call of N images for N prompts x K completions; cache layers that cannot repeat rows
-    take one prefill per completion, each with its own image, and sample the same tokens."""
+    take one prefill per completion, each with its own image (Qwen2-VL: and its own rope delta), and sample the
+    same tokens."""
     model = standin_vlms.model(family).eval()
     tokenizer, prompt_ids, vision = _encoded(family, model)
     calls = []
     _count_images(model, calls)
     shared = _sampler(tokenizer, do_sample=False).sample(model, prompt_ids, K, vision=vision)
-    assert calls == [3], calls
+    once = 3 if family not in QWEN_VL else sum(int(p["image_grid_thw"].prod()) for p in vision.per_prompt)  # patches
+    assert calls == [once], calls
 
     calls.clear()
     monkeypatch.setattr(fast_module, "can_repeat_rows", lambda cache: False)
     per_row = _sampler(tokenizer, do_sample=False).sample(model, prompt_ids, K, vision=vision)
-    assert calls == [3 * K], calls
+    assert calls == [once * K], calls
     assert torch.equal(shared.completion_ids, per_row.completion_ids)
     torch.testing.assert_close(shared.logprobs, per_row.logprobs, atol=1e-5, rtol=1e-5)
 
@@ -161,22 +171,32 @@ def test_a_trainer_with_images_and_no_sampler_set_trains_with_the_fast_sampler(t
                           processing_class=standin_vlms.processor(family))
     assert isinstance(trainer.sampler, FastSampler)
     trainer.train()
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if "language_model" in n)
+    if family in QWEN_VL:  # the tower counts patches, which differ per image: the prefill runs half the rows' (K=2),
+        # or all of them where the cache cannot copy rows (Qwen3.5's linear-attention layers: a prefill per completion)
+        prefill_rows = 2 if fast_module.can_repeat_rows(append_in_place_cache(model.config, room=1)) else 4
+        assert len(calls) == 3 and calls[1] == calls[2] == 4 // prefill_rows * calls[0], calls
+        calls.clear()
+        assert "eval/reward" in trainer.evaluate(standin_vlms.image_dataset(3, seed=1))
+        assert len(calls) == 2, calls  # the eval prefills (2 prompts, then 1)
+        return
     per_image = 5 if family == "llava_next" else 1  # LLaVA-NeXT's image is 5 tiles here
     assert calls == [2 * per_image, 4 * per_image, 4 * per_image], calls
-    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if "language_model" in n)
     calls.clear()
     assert "eval/reward" in trainer.evaluate(standin_vlms.image_dataset(3, seed=1))
     assert calls == [2 * per_image, per_image], calls  # the eval prefills (2 prompts a batch): each image once
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-def test_models_with_3d_positions_are_refused_by_the_fast_sampler(tmp_path, family):
-    model = standin_vlms.model(family)
-    assert fast_module.positions_are_3d(model)
-    assert not fast_module.positions_are_3d(standin_vlms.model("llava"))
-    _, prompt_ids, vision = _encoded("gemma3", standin_vlms.model("gemma3"))
-    with pytest.raises(ConfigError, match="sampler='generate'"):
-        _sampler(standin_vlms.processor("gemma3").tokenizer).sample(model, prompt_ids, K, vision=vision)
+def test_models_with_3d_positions_not_verified_are_refused_by_the_fast_sampler(tmp_path, monkeypatch):
+    """A model with `get_rope_index` whose type is not in mrope.VERIFIED_MODEL_TYPES (here Qwen2-VL taken off the
+    list) is refused by name, by the sampler and by the trainer; the verified ones and LLaVA are not."""
+    model = standin_vlms.model("qwen2_vl")
+    assert fast_module.positions_are_3d(model) and not fast_module.positions_are_3d(standin_vlms.model("llava"))
+    fast_module.refuse_3d_positions(model)  # verified: no error
+    monkeypatch.setattr(mrope, "VERIFIED_MODEL_TYPES", ("qwen2_5_vl", "qwen3_vl"))
+    tokenizer, prompt_ids, vision = _encoded("qwen2_vl", model)
+    with pytest.raises(ConfigError, match="'qwen2_vl'.*3-D rotary positions.*sampler='generate'"):
+        _sampler(tokenizer).sample(model, prompt_ids, K, vision=vision)
     with pytest.raises(ConfigError, match="3-D rotary positions.*sampler='generate'"):
         RLOOTrainer(model, _length_reward, args=_config(tmp_path), train_dataset=standin_vlms.image_dataset(4),
-                    processing_class=standin_vlms.processor(family))
+                    processing_class=standin_vlms.processor("qwen2_vl"))

@@ -153,15 +153,21 @@ def completion_logprobs(
 
 def computes_own_positions(model: torch.nn.Module) -> bool:
     """Whether the model builds its own 3-D rotary positions from the ids, the image grids and the mask
-    (multimodal RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL; their model has `get_rope_index`).
+    (multimodal RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5; their model has `get_rope_index`).
 
     1-D position ids would be broadcast to all three axes by these models, silently giving every image
     token its sequence index instead of its row and column; with position_ids=None the model computes
     them from `mm_token_type_ids`, `image_grid_thw` and the attention mask (left padding skipped), which
     is what its own forward of each unpadded row uses."""
+    return rope_index_owner(model) is not None
+
+
+def rope_index_owner(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module that has `get_rope_index` (the model or its `.model`, through DDP and PEFT wrappers), or None."""
     inner = getattr(model, "module", model)  # DDP / accelerate
     base = inner.get_base_model() if callable(getattr(inner, "get_base_model", None)) else inner  # PEFT
-    return any(callable(getattr(part, "get_rope_index", None)) for part in (base, getattr(base, "model", None)))
+    return next((part for part in (base, getattr(base, "model", None))
+                 if callable(getattr(part, "get_rope_index", None))), None)
 
 
 def is_right_padded(mask: torch.Tensor) -> bool:

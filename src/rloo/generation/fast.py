@@ -14,8 +14,10 @@ Prompts with images (`vision`, a `data.images.VisionInputs`, one row per complet
 each distinct prompt's images once (N rows, the vision tower's work is not repeated K times), the cache
 holds the image features from then on, and decoding is text-only. The image token is never sampled (as
 `generate` is told with `suppress_tokens`): a sampled image token would have no features in later passes.
-Models with 3-D rotary positions (Qwen-VL's mrope, `image_grid_thw`) are refused: the hand-written loop
-gives 1-D positions (`positions_are_3d`).
+Models with 3-D rotary positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5's mrope, `image_grid_thw`) get the model's
+own positions: the prefill's from `get_rope_index`, and each decoded token n + rope_delta on all three axes
+(`mrope.decode_positions`, the deltas repeated K times with the cache). Other models with 3-D positions are
+refused by name (`refuse_3d_positions`).
 
 The distribution is the one `generate` samples from: logits / temperature, then top-k, then
 top-p (nucleus), in that order, then a multinomial draw. tests/generation/test_decoding.py checks greedy
@@ -33,6 +35,7 @@ import torch
 from rloo.algo.logprobs import cache_argument, position_ids_from_mask
 from rloo.algo.logprobs import computes_own_positions as positions_are_3d  # Qwen-VL's mrope: get_rope_index
 from rloo.config_checks import ConfigError
+from rloo.generation import mrope
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 from rloo.generation.kv_cache import append_in_place_cache
 
@@ -83,11 +86,23 @@ def can_repeat_rows(cache: Any) -> bool:
 
 
 def refuse_3d_positions(model: torch.nn.Module) -> None:
-    """Raise a ConfigError naming sampler='generate' for a model with 3-D rotary positions (`positions_are_3d`)."""
-    if positions_are_3d(model):
-        raise ConfigError(f"{type(getattr(model, 'module', model)).__name__} places image prompts with 3-D rotary "
-                          f"positions (mrope, from image_grid_thw), which the fast sampler's decode loop does not "
-                          f"compute; set sampler='generate' for this model (docs/vision.md).")
+    """Raise a ConfigError naming sampler='generate' for a model with 3-D rotary positions (`positions_are_3d`)
+    whose decode positions the fast sampler has not been verified on (`mrope.VERIFIED_MODEL_TYPES`)."""
+    if positions_are_3d(model) and mrope.model_type(model) not in mrope.VERIFIED_MODEL_TYPES:
+        raise ConfigError(f"{type(getattr(model, 'module', model)).__name__} (model_type "
+                          f"{mrope.model_type(model)!r}) places image prompts with 3-D rotary positions (mrope), which "
+                          f"the fast sampler computes for {', '.join(mrope.VERIFIED_MODEL_TYPES)} only; set "
+                          f"sampler='generate' for this model (docs/vision.md).")
+
+
+def _prompt_positions(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      images: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The prefill's position ids and rope deltas: (3, B, P) and (B, 1) from the model's own `get_rope_index` for
+    prompts with images on a model with 3-D positions; otherwise (B, P) positions that skip the left padding
+    and None."""
+    if images and positions_are_3d(model):
+        return mrope.prompt_positions(model, prompt_ids, prompt_mask, images)
+    return position_ids_from_mask(prompt_mask), None
 
 
 def per_prompt_rows(vision: Any, k: int) -> Any:
@@ -127,7 +142,7 @@ class FastSampler(SamplingSettings):
         """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, as the
         generate sampler takes them); the prefill runs one row per distinct prompt."""
         if vision is not None:
-            refuse_3d_positions(model)
+            refuse_3d_positions(model)  # before any work: models with 3-D positions not verified here
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
@@ -144,24 +159,26 @@ class FastSampler(SamplingSettings):
                             logprobs_from_policy=True)
 
     def _prefill(self, model: torch.nn.Module, cache: Any, cache_name: str, prompt_ids: torch.Tensor,
-                 prompt_mask: torch.Tensor, k: int, vision: Any) -> torch.Tensor:
-        """Run the (N, P) prompts into `cache`, left holding N*K rows; returns the (N*K, V) next-token logits.
+                 prompt_mask: torch.Tensor, k: int, vision: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the (N, P) prompts into `cache`, left holding N*K rows; returns the (N*K, V) next-token logits
+        and, for a model with 3-D positions and images, the (N*K, 1) rope deltas of the rows (else None).
         With images, each distinct prompt's vision tensors run once (every K-th row of `vision`)."""
         if can_repeat_rows(cache):  # one prefill per prompt; every sample continues from a copy of it
             images = {} if vision is None else per_prompt_rows(vision, k).model_kwargs(prompt_ids)
-            prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                            position_ids=position_ids_from_mask(prompt_mask), **{cache_name: cache}, use_cache=True,
-                            logits_to_keep=1, **images)
+            positions, rope_deltas = _prompt_positions(model, prompt_ids, prompt_mask, images)
+            prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                            **{cache_name: cache}, use_cache=True, logits_to_keep=1, **images)
             cache.batch_repeat_interleave(k)
-            return prefill.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V), B = N*K
+            rope_deltas = None if rope_deltas is None else rope_deltas.repeat_interleave(k, dim=0)  # as the cache
+            return prefill.logits[:, -1].repeat_interleave(k, dim=0), rope_deltas  # (B, V), B = N*K
         # e.g. linear-attention / state-space layers (NemotronH): prefill each sample's own copy
         _note_prefill_per_sample(cache)
         repeated_ids, repeated_mask = prompt_ids.repeat_interleave(k, dim=0), prompt_mask.repeat_interleave(k, dim=0)
         images = {} if vision is None else vision.model_kwargs(repeated_ids)
-        prefill = model(input_ids=repeated_ids, attention_mask=repeated_mask,
-                        position_ids=position_ids_from_mask(repeated_mask), **{cache_name: cache}, use_cache=True,
-                        logits_to_keep=1, **images)
-        return prefill.logits[:, -1]  # (B, V)
+        positions, rope_deltas = _prompt_positions(model, repeated_ids, repeated_mask, images)
+        prefill = model(input_ids=repeated_ids, attention_mask=repeated_mask, position_ids=positions,
+                        **{cache_name: cache}, use_cache=True, logits_to_keep=1, **images)
+        return prefill.logits[:, -1], rope_deltas  # (B, V), (B, 1) or None
 
     def _decode(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                 k: int, vision: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +187,7 @@ class FastSampler(SamplingSettings):
         trainer computes them). The image token, with `vision`, is never drawn."""
         cache = append_in_place_cache(model.config, room=self.max_new_tokens)
         cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
-        next_logits = self._prefill(model, cache, cache_name, prompt_ids, prompt_mask, k, vision)
+        next_logits, rope_deltas = self._prefill(model, cache, cache_name, prompt_ids, prompt_mask, k, vision)
         suppressed = None if vision is None or vision.image_token_id is None else vision.image_token_id
         attention_mask = prompt_mask.repeat_interleave(k, dim=0)  # (B, P), grows by one column a step
         next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) position of the next token
@@ -188,7 +205,8 @@ class FastSampler(SamplingSettings):
             if step == self.max_new_tokens - 1 or bool(finished.all()):
                 break
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
-            output = model(input_ids=token.unsqueeze(1), attention_mask=attention_mask, position_ids=next_position,
+            positions = next_position if rope_deltas is None else mrope.decode_positions(next_position, rope_deltas)
+            output = model(input_ids=token.unsqueeze(1), attention_mask=attention_mask, position_ids=positions,
                            **{cache_name: cache}, use_cache=True)
             next_logits = output.logits[:, -1]
             next_position = next_position + 1
