@@ -1,15 +1,16 @@
 """Count the squares: TRL's RLOOTrainer and rloo's on the synthetic visual task, same settings and seeds.
 
     python benchmarks/vision_task.py --trainer trl --seeds 0 1 2 [--steps 30] [--out benchmarks/results/vision_task_trl.json]
-    python benchmarks/vision_task.py --trainer rloo --seeds 0 1 2
+    python benchmarks/vision_task.py --trainer rloo --seeds 0 1 2                      # rloo's default (fast) sampler
+    python benchmarks/vision_task.py --trainer rloo --sampler generate --seeds 0 1 2  # rloo with `generate`
 
 Per seed: the tiny LLaVA of `rloo.toy.vision_task` is built from the seed and given a short supervised warm start
 (the answer format and partial counting: from random weights RL alone does not find a one-digit answer in a few
 minutes), then trained with RLOO (`count_reward`, 4 completions per prompt, no KL term). Prints and writes held-out
 greedy accuracy before and after RL and the seconds per optimizer step of `trainer.train()` (wall clock).
-Both trainers see the same warm-started weights, data set and RLOOConfig arguments; rloo is also given
-sampler="generate", the sampler the figures in docs/vision.md were measured with (its image path then took no
-other; the default fast sampler takes images since, and has not been measured here).
+Both trainers see the same warm-started weights, data set and RLOOConfig arguments; rloo's sampler is its default
+(the fast sampler) unless --sampler generate is given (the first recorded rloo figures used `generate`, before the fast
+sampler took images).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def config_kwargs(steps: int, output_dir: str, seed: int) -> dict:
                 report_to="none", save_strategy="no", use_cpu=True, bf16=False, disable_tqdm=True)
 
 
-def run_seed(trainer_name: str, seed: int, steps: int, num_train: int, num_eval: int) -> dict:
+def run_seed(trainer_name: str, seed: int, steps: int, num_train: int, num_eval: int, sampler: str = "fast") -> dict:
     if trainer_name == "trl":
         from trl import RLOOConfig, RLOOTrainer
     else:
@@ -47,8 +48,7 @@ def run_seed(trainer_name: str, seed: int, steps: int, num_train: int, num_eval:
     warm_start_counting(model, processor, train, steps=WARM_START_STEPS, learning_rate=1e-3, seed=seed)
     before = counting_accuracy(model, processor, held_out)
     with tempfile.TemporaryDirectory() as output_dir:
-        # sampler="generate": as the recorded figures (docs/vision.md) were measured; the fast sampler is not yet.
-        extra = {"sampler": "generate"} if trainer_name == "rloo" else {}
+        extra = {"sampler": sampler} if trainer_name == "rloo" else {}
         args = RLOOConfig(**config_kwargs(steps, output_dir, seed), **extra)
         trainer = RLOOTrainer(model=model, reward_funcs=count_reward, args=args, train_dataset=train,
                               processing_class=processor)
@@ -66,19 +66,23 @@ def main(argv=None) -> int:
     parser.add_argument("--trainer", choices=["trl", "rloo"], required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=60, help="RL optimizer steps")
+    parser.add_argument("--sampler", choices=["fast", "generate"], default="fast", help="rloo's sampler (rloo only)")
     parser.add_argument("--num-train", type=int, default=512)
     parser.add_argument("--num-eval", type=int, default=200)
-    parser.add_argument("--out", default=None, help="JSON file (default: benchmarks/results/vision_task_<trainer>.json)")
+    parser.add_argument("--out", default=None, help="JSON file (default: benchmarks/results/vision_task_trl.json, "
+                        "vision_task_rloo_fast.json, or vision_task_rloo.json with --sampler generate)")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     results = []
     for seed in args.seeds:
-        row = run_seed(args.trainer, seed, args.steps, args.num_train, args.num_eval)
+        row = run_seed(args.trainer, seed, args.steps, args.num_train, args.num_eval, args.sampler)
         print(f"{args.trainer} seed {seed}: held-out accuracy {row['accuracy_before']:.3f} -> {row['accuracy_after']:.3f}, "
               f"{row['seconds_per_step']:.2f} s/step", flush=True)
         results.append(row)
-    out = Path(args.out or Path(__file__).parent / "results" / f"vision_task_{args.trainer}.json")
-    out.write_text(json.dumps({"trainer": args.trainer, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    name = {"trl": "trl", "rloo": {"generate": "rloo", "fast": "rloo_fast"}[args.sampler]}[args.trainer]
+    out = Path(args.out or Path(__file__).parent / "results" / f"vision_task_{name}.json")
+    out.write_text(json.dumps({"trainer": args.trainer, "sampler": args.sampler if args.trainer == "rloo" else "generate",
+                               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                                "steps": args.steps, "warm_start_steps": WARM_START_STEPS,
                                "config": config_kwargs(args.steps, "<tmp>", 0), "torch_threads": torch.get_num_threads(),
                                "seeds": results}, indent=2) + "\n")
