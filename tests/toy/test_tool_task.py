@@ -9,6 +9,7 @@ result copies the number inside `<tool_response>`. So a trajectory is right only
 import re
 
 import pytest
+import torch
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.generation.base import batch_from_token_lists
@@ -127,3 +128,34 @@ def test_rloo_demo_task_add_tool_reaches_the_tool_demo(capsys):
     with pytest.raises(SystemExit):
         main(["--task", "add_tool", "--help"])
     assert "rloo demo --task add_tool" in capsys.readouterr().out
+
+
+def test_operands_have_exactly_the_digits_asked_so_copying_is_a_fixed_offset():
+    train, held_out = tool_addition_split(40, 10, seed=0, digits=4)
+    prompts = [row["prompt"][0]["content"] for row in [*train, *held_out]]
+    assert all(len(a) == len(b) == 4 for a, b in (p.rstrip("=").split("+") for p in prompts))
+    assert not set(map(str, train["prompt"])) & set(map(str, held_out["prompt"]))
+    tokenizer = build_tool_tokenizer()
+    offsets = set()
+    for row in train.select(range(10)):
+        prompt_text, exchange = tool_exchange_text(tokenizer, row["prompt"], row["answer"])
+        text = prompt_text + exchange
+        a = row["prompt"][0]["content"].split("+")[0]
+        offsets.add(text.index('"a": ' + a) - text.index("user: " + a))
+    assert len(offsets) == 1  # each digit of the call is the digit a fixed number of characters back
+
+
+def test_the_warm_start_is_cached_and_reused(tmp_path, capsys):
+    from rloo.toy.tool_task import warm_started_tool_model
+
+    train, _ = tool_addition_split(16, 2, seed=0)
+    tiny = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 32}
+    first, _ = warm_started_tool_model(train, steps=2, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
+    assert "loaded from cache" not in capsys.readouterr().out
+    again, tokenizer = warm_started_tool_model(train, steps=2, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
+    assert "loaded from cache" in capsys.readouterr().out
+    other, _ = warm_started_tool_model(train, steps=3, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 2 and tokenizer.chat_template == build_tool_tokenizer().chat_template
+    for name, weight in first.state_dict().items():
+        assert torch.equal(weight, again.state_dict()[name])
+    assert any(not torch.equal(w, other.state_dict()[n]) for n, w in first.state_dict().items())

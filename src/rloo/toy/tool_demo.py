@@ -25,6 +25,7 @@ from rloo.rewards import exact_match
 from rloo.toy.tool_task import (
     MAX_COMPLETION_LENGTH,
     TOOL_FRACTION,
+    WARM_START_STEPS,
     add,
     evaluate_with_tool,
     tool_addition_split,
@@ -33,11 +34,18 @@ from rloo.toy.tool_task import (
 from rloo.trainer import RLOOTrainer
 
 
+def default_cache_dir() -> Path:
+    """`rloo demo`'s cache directory (as `toy.demo.default_cache_dir`; that module imports this one)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rloo" / "demo"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rloo demo --task add_tool", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="runs/demo_add_tool", help="Where the run (metrics, model) is written.")
-    parser.add_argument("--warm_start_steps", type=int, default=300, help="Supervised steps before RL.")
+    parser.add_argument("--cache_dir", default=str(default_cache_dir()),
+                        help="Where the warm-started model is cached (the control run reuses the tool run's).")
+    parser.add_argument("--warm_start_steps", type=int, default=WARM_START_STEPS, help="Supervised steps before RL.")
     parser.add_argument("--tool_fraction", type=float, default=TOOL_FRACTION,
                         help="Warm-start rows that show the tool call (the others answer directly).")
     parser.add_argument("--episodes", type=int, default=2048, help="Trajectories to sample in total.")
@@ -55,7 +63,8 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     train_dataset, eval_dataset = tool_addition_split(4096, options.num_eval, seed=options.seed)
     model, tokenizer = warm_started_tool_model(train_dataset, seed=options.seed, steps=options.warm_start_steps,
-                                               tool_fraction=options.tool_fraction)
+                                               tool_fraction=options.tool_fraction, cache_dir=options.cache_dir,
+                                               log_every=100)
     before = evaluate_with_tool(model, tokenizer, eval_dataset)
     print(f"after warm start (before RLOO): held-out accuracy {before['accuracy']:.3f}, "
           f"tool-call rate {before['tool_call_rate']:.3f}", flush=True)

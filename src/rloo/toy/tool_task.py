@@ -15,7 +15,10 @@ improve: calling the tool is what gets rewarded.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +32,7 @@ from rloo.rewards import exact_match
 from rloo.tools import parse_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
 from rloo.toy.models import build_tiny_model
 from rloo.toy.tokenizer import CHARACTERS, MODEL_MAX_LENGTH, SPECIAL_TOKENS
-from rloo.toy.warm_start import supervised_warm_start
+from rloo.toy.warm_start import _load_entry, _write_entry, supervised_warm_start
 
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 # Qwen-style: `<eos>` ends every message (as `<|im_end|>` does), so a turn that calls a tool ends at EOS.
@@ -47,11 +50,14 @@ TOOL_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
 )
 DIGITS = 4  # operands up to 9999: the tiny model does not learn that in minutes, and copies it easily
-TOOL_FRACTION = 0.3  # warm-start rows that show the tool call; the others answer directly
+TOOL_FRACTION = 0.4  # warm-start rows that show the tool call; the others answer directly
 MAX_COMPLETION_LENGTH = 96  # a call (about 50 tokens), the tool's message (about 30) and the answer
-# `rloo demo`'s model size (toy.warm_start.DEMO_WARM_START): 1.0M parameters.
-TOOL_MODEL_KWARGS: dict[str, Any] = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
-                                     "intermediate_size": 512}
+# 0.13M parameters: copying needs no more, and a warm-start step costs about 0.18 s on one CPU thread (the
+# 1.0M-parameter hidden-128, 4-layer model took 0.5-1.5 s and had not learned to copy after 320 steps).
+TOOL_MODEL_KWARGS: dict[str, Any] = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+                                     "intermediate_size": 256}
+WARM_START_STEPS = 1300
+WARM_START_LEARNING_RATE = 3e-3
 
 
 def add(a: int, b: int) -> int:
@@ -81,16 +87,20 @@ def build_tool_tokenizer() -> transformers.PreTrainedTokenizerFast:
 
 
 def tool_addition_split(num_train: int, num_eval: int, *, seed: int = 0, digits: int = DIGITS) -> tuple[Dataset, Dataset]:
-    """Disjoint train and held-out sets of distinct additions, as conversational prompts.
+    """Disjoint train and held-out sets of distinct additions of two `digits`-digit numbers, as conversational prompts.
+
+    Every operand has exactly `digits` digits (no leading zero: JSON integers have none), so each digit of the
+    call's `"a": ...` sits at one fixed distance from the same digit in the prompt: copying is a fixed-offset
+    lookup, which a tiny model learns in a few hundred steps. With operands of any width (0 to 9999) it did not.
 
     Returns:
         (train, eval) Datasets with "prompt" ([{"role": "user", "content": "a+b="}]) and "answer" (str(a + b)).
     """
-    high = 10**digits
+    low, high = 10 ** (digits - 1), 10**digits
     rng = random.Random(seed)
     pairs: dict[tuple[int, int], None] = {}
     while len(pairs) < num_train + num_eval:
-        pairs[(rng.randrange(high), rng.randrange(high))] = None
+        pairs[(rng.randrange(low, high), rng.randrange(low, high))] = None
     rows = [{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "answer": str(a + b)} for a, b in pairs]
     as_dataset = lambda part: Dataset.from_list(part)  # noqa: E731
     return as_dataset(rows[num_eval:]), as_dataset(rows[:num_eval])
@@ -129,18 +139,35 @@ def warm_start_rows(tokenizer: Any, dataset: Dataset, tool_fraction: float, seed
 
 
 def warm_started_tool_model(
-    train_dataset: Dataset, *, seed: int = 0, steps: int = 300, tool_fraction: float = TOOL_FRACTION,
-    learning_rate: float = 1e-3, batch_size: int = 32, model_kwargs: dict[str, Any] | None = None,
+    train_dataset: Dataset, *, seed: int = 0, steps: int = WARM_START_STEPS, tool_fraction: float = TOOL_FRACTION,
+    learning_rate: float = WARM_START_LEARNING_RATE, batch_size: int = 32, model_kwargs: dict[str, Any] | None = None,
+    cache_dir: str | Path | None = None, log_every: int = 0,
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """A tiny model (seeded) and its tool tokenizer after `steps` supervised steps on `warm_start_rows`.
 
     The loss covers the whole completion (the tool's message too; teacher forcing, so the model is told
-    the result either way). Returns (model in eval mode, tokenizer).
+    the result either way). With `cache_dir`, the result is saved under `cache_dir/add_tool-<key>` (the key
+    hashes every setting and the training rows) and loaded from there next time, so that the run with tools and
+    the control start from the same model without training it twice. Returns (model in eval mode, tokenizer).
     """
+    model_kwargs = TOOL_MODEL_KWARGS if model_kwargs is None else model_kwargs
+    rows_text = json.dumps([list(train_dataset["prompt"]), list(train_dataset["answer"])])
+    settings = {"seed": seed, "steps": steps, "tool_fraction": tool_fraction, "learning_rate": learning_rate,
+                "batch_size": batch_size, "model_kwargs": model_kwargs, "template": TOOL_CHAT_TEMPLATE,
+                "rows": hashlib.sha256(rows_text.encode()).hexdigest()}
+    entry = None
+    if cache_dir is not None:
+        entry = Path(cache_dir) / f"add_tool-{hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]}"
+        if entry.is_dir():
+            print(f"warm start: loaded from cache {entry}", flush=True)
+            return _load_entry(entry)
     tokenizer = build_tool_tokenizer()
-    model = build_tiny_model(tokenizer, seed=seed, **(TOOL_MODEL_KWARGS if model_kwargs is None else model_kwargs))
+    model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
     rows = warm_start_rows(tokenizer, train_dataset, tool_fraction, seed)
-    supervised_warm_start(model, tokenizer, rows, steps=steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed)
+    losses = supervised_warm_start(model, tokenizer, rows, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
+                                   seed=seed, log_every=log_every)
+    if entry is not None:
+        _write_entry(entry, model, tokenizer, {**settings, "final_loss": losses[-1] if losses else None})
     return model, tokenizer
 
 
