@@ -134,6 +134,7 @@ def test_operands_have_exactly_the_digits_asked_so_copying_is_a_fixed_offset():
     train, held_out = tool_addition_split(40, 10, seed=0, digits=4)
     prompts = [row["prompt"][0]["content"] for row in [*train, *held_out]]
     assert all(len(a) == len(b) == 4 for a, b in (p.rstrip("=").split("+") for p in prompts))
+    assert all(len(answer) == 4 for answer in [*train["answer"], *held_out["answer"]])
     assert not set(map(str, train["prompt"])) & set(map(str, held_out["prompt"]))
     tokenizer = build_tool_tokenizer()
     offsets = set()
@@ -141,8 +142,9 @@ def test_operands_have_exactly_the_digits_asked_so_copying_is_a_fixed_offset():
         prompt_text, exchange = tool_exchange_text(tokenizer, row["prompt"], row["answer"])
         text = prompt_text + exchange
         a = row["prompt"][0]["content"].split("+")[0]
-        offsets.add(text.index('"a": ' + a) - text.index("user: " + a))
-    assert len(offsets) == 1  # each digit of the call is the digit a fixed number of characters back
+        offsets.add((text.index('"a": ' + a) - text.index("user: " + a),
+                     text.rindex(row["answer"]) - text.index("<tool_response>" + row["answer"])))
+    assert len(offsets) == 1  # each digit of the call and of the answer is the digit a fixed number of characters back
 
 
 def test_the_warm_start_is_cached_and_reused(tmp_path, capsys):

@@ -1,12 +1,12 @@
 """A toy task that needs a tool: additions too long for a tiny model, with an `add` tool.
 
 The prompt is a conversation `[{"role": "user", "content": "4821+1907="}]` whose answer ("6728")
-a ~1M-parameter model cannot compute itself in minutes of training, but can copy: it writes a
+a 0.13M-parameter model cannot compute itself in minutes of training, but can copy: it writes a
 Hermes call `<tool_call>{"name": "add", "arguments": {"a": 4821, "b": 1907}}</tool_call>`, the
 rollout runs `add` and appends `<tool_response>6728</tool_response>`, and the model's next turn
 repeats the result. The reward (`rloo.rewards.exact_match`) reads the final assistant message only.
 
-A tiny word-level model never discovers that format by sampling, so a short supervised warm start
+A tiny character-level model never discovers that format by sampling, so a short supervised warm start
 (`warm_started_tool_model`) shows it the whole exchange on a fraction of its rows
 (`TOOL_FRACTION`) and a direct answer on the others: afterwards it calls the tool on about that
 fraction of prompts, and answers the rest itself, mostly wrongly. RL then has something to
@@ -51,12 +51,13 @@ TOOL_CHAT_TEMPLATE = (
 )
 DIGITS = 4  # operands up to 9999: the tiny model does not learn that in minutes, and copies it easily
 TOOL_FRACTION = 0.4  # warm-start rows that show the tool call; the others answer directly
+ANSWER_ROWS = True  # each tool row also teaches the final copy alone (`warm_start_rows`)
 MAX_COMPLETION_LENGTH = 96  # a call (about 50 tokens), the tool's message (about 30) and the answer
 # 0.13M parameters: copying needs no more, and a warm-start step costs about 0.18 s on one CPU thread (the
 # 1.0M-parameter hidden-128, 4-layer model took 0.5-1.5 s and had not learned to copy after 320 steps).
 TOOL_MODEL_KWARGS: dict[str, Any] = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
                                      "intermediate_size": 256}
-WARM_START_STEPS = 1300
+WARM_START_STEPS = 1500
 WARM_START_LEARNING_RATE = 3e-3
 
 
@@ -89,14 +90,16 @@ def build_tool_tokenizer() -> transformers.PreTrainedTokenizerFast:
 def tool_addition_split(num_train: int, num_eval: int, *, seed: int = 0, digits: int = DIGITS) -> tuple[Dataset, Dataset]:
     """Disjoint train and held-out sets of distinct additions of two `digits`-digit numbers, as conversational prompts.
 
-    Every operand has exactly `digits` digits (no leading zero: JSON integers have none), so each digit of the
-    call's `"a": ...` sits at one fixed distance from the same digit in the prompt: copying is a fixed-offset
-    lookup, which a tiny model learns in a few hundred steps. With operands of any width (0 to 9999) it did not.
+    Operands have exactly `digits` digits and start with 1 to 4 (no leading zero: JSON integers have none), so the
+    sum has exactly `digits` digits too. Then each digit of the call's `"a": ...` sits at one fixed distance from
+    the same digit in the prompt, and each digit of the final answer at one fixed distance from the same digit in
+    the tool's message: copying is a fixed-offset lookup, which a tiny model learns in a few hundred steps. With
+    operands of any width (0 to 9999) it did not learn to copy (docs/recipes.md).
 
     Returns:
         (train, eval) Datasets with "prompt" ([{"role": "user", "content": "a+b="}]) and "answer" (str(a + b)).
     """
-    low, high = 10 ** (digits - 1), 10**digits
+    low, high = 10 ** (digits - 1), 5 * 10 ** (digits - 1)
     rng = random.Random(seed)
     pairs: dict[tuple[int, int], None] = {}
     while len(pairs) < num_train + num_eval:
@@ -126,22 +129,31 @@ def tool_exchange_text(tokenizer: Any, prompt: list[dict[str, str]], answer: str
     return prompt_text, full[len(prompt_text): -len(tokenizer.eos_token + "\n")]
 
 
-def warm_start_rows(tokenizer: Any, dataset: Dataset, tool_fraction: float, seed: int = 0) -> Dataset:
+def warm_start_rows(tokenizer: Any, dataset: Dataset, tool_fraction: float, seed: int = 0,
+                    answer_rows: bool = ANSWER_ROWS) -> Dataset:
     """The warm start's rows: prompt text and the completion to imitate, the tool exchange on a seeded
-    `tool_fraction` of the rows and the bare answer on the others."""
+    `tool_fraction` of the rows and the bare answer on the others.
+
+    With `answer_rows`, each tool row also gets a second row whose prompt is the whole exchange up to the final
+    answer and whose completion is that answer alone: its loss is on the copy of the tool's result only (in the
+    whole-exchange row that copy is 5 of about 85 supervised tokens, and was not learned in 2000 steps)."""
     rng = random.Random(seed)
     prompts, completions = [], []
     for prompt, answer in zip(dataset["prompt"], dataset["answer"]):
         prompt_text, exchange = tool_exchange_text(tokenizer, prompt, answer)
+        uses_tool = rng.random() < tool_fraction
         prompts.append(prompt_text)
-        completions.append(exchange if rng.random() < tool_fraction else answer)
+        completions.append(exchange if uses_tool else answer)
+        if uses_tool and answer_rows:
+            prompts.append(prompt_text + exchange[: len(exchange) - len(answer)])
+            completions.append(answer)
     return Dataset.from_dict({"prompt": prompts, "answer": completions})
 
 
 def warm_started_tool_model(
     train_dataset: Dataset, *, seed: int = 0, steps: int = WARM_START_STEPS, tool_fraction: float = TOOL_FRACTION,
     learning_rate: float = WARM_START_LEARNING_RATE, batch_size: int = 32, model_kwargs: dict[str, Any] | None = None,
-    cache_dir: str | Path | None = None, log_every: int = 0,
+    answer_rows: bool = ANSWER_ROWS, cache_dir: str | Path | None = None, log_every: int = 0,
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """A tiny model (seeded) and its tool tokenizer after `steps` supervised steps on `warm_start_rows`.
 
@@ -153,8 +165,8 @@ def warm_started_tool_model(
     model_kwargs = TOOL_MODEL_KWARGS if model_kwargs is None else model_kwargs
     rows_text = json.dumps([list(train_dataset["prompt"]), list(train_dataset["answer"])])
     settings = {"seed": seed, "steps": steps, "tool_fraction": tool_fraction, "learning_rate": learning_rate,
-                "batch_size": batch_size, "model_kwargs": model_kwargs, "template": TOOL_CHAT_TEMPLATE,
-                "rows": hashlib.sha256(rows_text.encode()).hexdigest()}
+                "batch_size": batch_size, "model_kwargs": model_kwargs, "answer_rows": answer_rows,
+                "template": TOOL_CHAT_TEMPLATE, "rows": hashlib.sha256(rows_text.encode()).hexdigest()}
     entry = None
     if cache_dir is not None:
         entry = Path(cache_dir) / f"add_tool-{hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]}"
@@ -163,7 +175,7 @@ def warm_started_tool_model(
             return _load_entry(entry)
     tokenizer = build_tool_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
-    rows = warm_start_rows(tokenizer, train_dataset, tool_fraction, seed)
+    rows = warm_start_rows(tokenizer, train_dataset, tool_fraction, seed, answer_rows)
     losses = supervised_warm_start(model, tokenizer, rows, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                                    seed=seed, log_every=log_every)
     if entry is not None:
