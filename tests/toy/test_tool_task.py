@@ -161,3 +161,18 @@ def test_the_warm_start_is_cached_and_reused(tmp_path, capsys):
     for name, weight in first.state_dict().items():
         assert torch.equal(weight, again.state_dict()[name])
     assert any(not torch.equal(w, other.state_dict()[n]) for n, w in first.state_dict().items())
+
+
+def test_answer_rows_teach_the_final_copy_alone():
+    from rloo.toy.tool_task import warm_start_rows
+
+    tokenizer = build_tool_tokenizer()
+    train, _ = tool_addition_split(20, 2, seed=0)
+    plain = warm_start_rows(tokenizer, train, 0.5, seed=0, answer_rows=False)
+    rows = warm_start_rows(tokenizer, train, 0.5, seed=0, answer_rows=True)
+    tool_rows = [i for i, completion in enumerate(plain["answer"]) if completion.startswith("<tool_call>")]
+    assert 0 < len(tool_rows) < len(plain) and len(rows) == len(plain) + len(tool_rows)
+    copies = [(p, a) for p, a in zip(rows["prompt"], rows["answer"]) if p.endswith("</tool_response><eos>\nassistant: ")]
+    assert len(copies) == len(tool_rows)
+    for prompt, answer in copies:  # the completion is the tool's result, which the prompt holds
+        assert "<tool_response>" + answer + "</tool_response>" in prompt and answer.isdigit()
