@@ -14,6 +14,7 @@ import torch
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.generation.base import batch_from_token_lists
 from rloo.rewards import exact_match
+from rloo.tools import tool_schemas
 from rloo.toy import build_tiny_model
 from rloo.toy.tool_task import add, build_tool_tokenizer, evaluate_with_tool, tool_addition_split, tool_exchange_text
 
@@ -156,6 +157,10 @@ def test_the_warm_start_is_cached_and_reused(tmp_path, capsys):
     assert "loaded from cache" not in capsys.readouterr().out
     again, tokenizer = warm_started_tool_model(train, steps=2, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
     assert "loaded from cache" in capsys.readouterr().out
+    # The reloaded tokenizer encodes as the built one (a saved and reloaded one dropped every space and newline).
+    text = tokenizer.apply_chat_template(train[0]["prompt"], tools=tool_schemas([add]), add_generation_prompt=True,
+                                         tokenize=False)
+    assert tokenizer.encode(text) == build_tool_tokenizer().encode(text)
     other, _ = warm_started_tool_model(train, steps=3, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
     assert len(list(tmp_path.iterdir())) == 2 and tokenizer.chat_template == build_tool_tokenizer().chat_template
     for name, weight in first.state_dict().items():

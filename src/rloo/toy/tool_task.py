@@ -30,9 +30,9 @@ from rloo.data.prompts import tokenize_prompts
 from rloo.generation import FastSampler
 from rloo.rewards import exact_match
 from rloo.tools import parse_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
-from rloo.toy.models import build_tiny_model
+from rloo.toy.models import build_tiny_model, set_generation_ids
 from rloo.toy.tokenizer import CHARACTERS, MODEL_MAX_LENGTH, SPECIAL_TOKENS
-from rloo.toy.warm_start import _load_entry, _write_entry, supervised_warm_start
+from rloo.toy.warm_start import _write_entry, supervised_warm_start
 
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 # Qwen-style: `<eos>` ends every message (as `<|im_end|>` does), so a turn that calls a tool ends at EOS.
@@ -172,7 +172,12 @@ def warm_started_tool_model(
         entry = Path(cache_dir) / f"add_tool-{hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]}"
         if entry.is_dir():
             print(f"warm start: loaded from cache {entry}", flush=True)
-            return _load_entry(entry)
+            # The tokenizer is rebuilt, not loaded: saved and reloaded, it comes back as Qwen2's tokenizer class,
+            # which drops the spaces and newlines this character tokenizer encodes.
+            tokenizer = build_tool_tokenizer()
+            model = transformers.AutoModelForCausalLM.from_pretrained(entry, dtype=torch.float32).eval()
+            set_generation_ids(model, tokenizer)
+            return model, tokenizer
     tokenizer = build_tool_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
     rows = warm_start_rows(tokenizer, train_dataset, tool_fraction, seed, answer_rows)
