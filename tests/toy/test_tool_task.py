@@ -181,3 +181,25 @@ def test_answer_rows_teach_the_final_copy_alone():
     assert len(copies) == len(tool_rows)
     for prompt, answer in copies:  # the completion is the tool's result, which the prompt holds
         assert "<tool_response>" + answer + "</tool_response>" in prompt and answer.isdigit()
+
+
+class SwappingSampler(CopyingSampler):
+    """CopyingSampler whose call swaps the operands (a wrong copy) and whose answer after a result is "0"."""
+
+    def reply(self, text, k):
+        if "<tool_response>" in text:
+            return "0"
+        a, b = re.findall(r"user: (\d+)\+(\d+)=", text)[-1]
+        _, exchange = tool_exchange_text(self.tokenizer, [{"role": "user", "content": f"{b}+{a}="}], "")
+        return exchange.split("<eos>")[0]
+
+
+def test_copy_accuracy_scores_the_call_s_operands_and_the_copied_result_apart():
+    from rloo.toy.tool_task import copy_accuracy
+
+    tokenizer = build_tool_tokenizer()
+    _, held_out = tool_addition_split(4, 4, seed=1)
+    assert copy_accuracy(None, tokenizer, held_out, sampler=CopyingSampler(tokenizer)) == {
+        "call_rate": 1.0, "operands_right": 1.0, "answer_copied": 1.0}
+    assert copy_accuracy(None, tokenizer, held_out, sampler=SwappingSampler(tokenizer)) == {
+        "call_rate": 1.0, "operands_right": 0.0, "answer_copied": 0.0}

@@ -27,6 +27,7 @@ from rloo.toy.tool_task import (
     TOOL_FRACTION,
     WARM_START_STEPS,
     add,
+    copy_accuracy,
     evaluate_with_tool,
     tool_addition_split,
     warm_started_tool_model,
@@ -66,8 +67,11 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
                                                tool_fraction=options.tool_fraction, cache_dir=options.cache_dir,
                                                log_every=100)
     before = evaluate_with_tool(model, tokenizer, eval_dataset)
+    copying = copy_accuracy(model, tokenizer, eval_dataset)
     print(f"after warm start (before RLOO): held-out accuracy {before['accuracy']:.3f}, "
-          f"tool-call rate {before['tool_call_rate']:.3f}", flush=True)
+          f"tool-call rate {before['tool_call_rate']:.3f}; calls with the prompt's operands "
+          f"{copying['operands_right']:.3f}, the tool's result copied into the answer {copying['answer_copied']:.3f}",
+          flush=True)
     config = RLOOConfig(
         output_dir=options.output_dir, overwrite_output_dir=True, seed=options.seed,
         num_generations=options.num_generations, per_device_train_batch_size=options.batch_size,
@@ -82,7 +86,8 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
     trainer.train()
     after = evaluate_with_tool(trainer.accelerator.unwrap_model(trainer.model), tokenizer, eval_dataset)
     print(f"after RLOO: held-out accuracy {after['accuracy']:.3f}, tool-call rate {after['tool_call_rate']:.3f}")
-    result = {"seed": options.seed, "tools": not options.no_tools, "before": before, "after": after,
+    result = {"seed": options.seed, "tools": not options.no_tools, "before": before, "copying_after_warm_start": copying,
+              "after": after,
               "episodes": trainer.episode, "seconds": round(time.perf_counter() - start, 1),
               "torch_threads": torch.get_num_threads()}
     Path(options.output_dir, "tool_demo_result.json").write_text(json.dumps(result, indent=2))

@@ -6,11 +6,12 @@ Hermes call `<tool_call>{"name": "add", "arguments": {"a": 4821, "b": 1907}}</to
 rollout runs `add` and appends `<tool_response>6728</tool_response>`, and the model's next turn
 repeats the result. The reward (`rloo.rewards.exact_match`) reads the final assistant message only.
 
-A tiny character-level model never discovers that format by sampling, so a short supervised warm start
-(`warm_started_tool_model`) shows it the whole exchange on a fraction of its rows
-(`TOOL_FRACTION`) and a direct answer on the others: afterwards it calls the tool on about that
-fraction of prompts, and answers the rest itself, mostly wrongly. RL then has something to
-improve: calling the tool is what gets rewarded.
+A tiny character-level model never discovers that format by sampling, so a supervised warm start
+(`warm_started_tool_model`) shows it the whole exchange on a fraction of its rows (`TOOL_FRACTION`) and a
+direct answer on the others. Afterwards it copies well (the operands into the call, the tool's result into
+the answer), samples a call on about that fraction of prompts, but greedily calls on few (the bare answer's
+first digit usually outscores `<tool_call>`) and answers the rest itself, wrongly. RL then has something
+to improve: calling the tool is what gets rewarded. docs/recipes.md has the calibration and the figures.
 """
 
 from __future__ import annotations
@@ -227,6 +228,34 @@ def evaluate_with_tool(
         finals += texts
     accuracy = sum(exact_match([t.strip() for t in finals], answers)) / max(len(answers), 1)
     return {"accuracy": accuracy, "tool_call_rate": calls_made / max(len(answers), 1)}
+
+
+@torch.no_grad()
+def copy_accuracy(model: transformers.PreTrainedModel, tokenizer: Any, dataset: Dataset, *, max_new_tokens: int = 64,
+                  sampler: Any = None) -> dict[str, float]:
+    """How well the model copies, greedily, each half measured apart from the other.
+
+    Returns:
+        {"call_rate": fraction whose first turn made a call, "operands_right": of those, the fraction whose
+        first call is add(a, b) with the prompt's operands, "answer_copied": fraction whose final turn, after the
+        right call and the tool's result given as context (teacher forcing), is exactly that result}.
+    """
+    if model is not None:
+        model.eval()
+    sampler = sampler or FastSampler(pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
+                                     max_new_tokens=max_new_tokens, do_sample=False)
+    prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
+    prompt_ids = tokenize_prompts(prompts, tokenizer, tokenizer.model_max_length, {"tools": tool_schemas([add])})
+    calls = [parse_tool_calls(text)[1] for _, text in _turn(sampler, model, tokenizer, prompt_ids)]
+    made = [(c[0], operands(p)) for c, p in zip(calls, prompts) if c]
+    right = sum(c.name == "add" and c.arguments == {"a": a, "b": b} for c, (a, b) in made)
+    forced = []
+    for prompt, answer in zip(prompts, answers):
+        prompt_text, exchange = tool_exchange_text(tokenizer, prompt, answer)
+        forced.append(tokenizer.encode(prompt_text + exchange[: len(exchange) - len(answer)], add_special_tokens=False))
+    copied = sum(text.strip() == answer for (_, text), answer in zip(_turn(sampler, model, tokenizer, forced), answers))
+    count = max(len(answers), 1)
+    return {"call_rate": len(made) / count, "operands_right": right / max(len(made), 1), "answer_copied": copied / count}
 
 
 def _turn(sampler: Any, model: Any, tokenizer: Any, prompt_ids: list[list[int]]) -> list[tuple[list[int], str]]:
