@@ -28,11 +28,13 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def curves(run_dir: Path) -> dict[str, list[float]]:
-    """Step, reward and tools/call_frequency of every metrics.jsonl row that has a reward."""
+    """Step, reward and tools/call_frequency of every metrics.jsonl row that has a reward (no call frequency
+    without tools=: the control's calls are plain text, never parsed or counted)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "reward" in r]
+    calls = [r["tools/call_frequency"] for r in rows if "tools/call_frequency" in r]
     return {"step": [r.get("step", i) for i, r in enumerate(rows)], "reward": [r["reward"] for r in rows],
-            "call_frequency": [r.get("tools/call_frequency", 0.0) for r in rows]}
+            "call_frequency": calls if len(calls) == len(rows) else []}
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -46,9 +48,10 @@ def plot(results: list[dict], path: Path) -> None:
         label = f"seed {result['seed']}{'' if result['tools'] else ', no tools'}"
         style = "-" if result["tools"] else "--"
         left.plot(result["curves"]["step"], result["curves"]["reward"], style, label=label)
-        right.plot(result["curves"]["step"], result["curves"]["call_frequency"], style, label=label)
+        if result["curves"]["call_frequency"]:
+            right.plot(result["curves"]["step"], result["curves"]["call_frequency"], style, label=label)
     left.set(xlabel="optimizer step", ylabel="mean reward (exact match)", title="reward")
-    right.set(xlabel="optimizer step", ylabel="tool calls per trajectory", title="tools/call_frequency")
+    right.set(xlabel="optimizer step", ylabel="tool calls per trajectory", title="tools/call_frequency (runs with tools)")
     left.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
