@@ -203,3 +203,34 @@ def test_copy_accuracy_scores_the_call_s_operands_and_the_copied_result_apart():
         "call_rate": 1.0, "operands_right": 1.0, "answer_copied": 1.0}
     assert copy_accuracy(None, tokenizer, held_out, sampler=SwappingSampler(tokenizer)) == {
         "call_rate": 1.0, "operands_right": 0.0, "answer_copied": 0.0}
+
+
+class RecordingSampler(CopyingSampler):
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.prompts = []
+
+    def sample(self, model, prompts, num_generations):
+        self.prompts.append([list(p) for p in prompts])
+        return super().sample(model, prompts, num_generations)
+
+
+def test_the_demo_s_control_sees_the_same_prompts_as_the_run_with_tools(tmp_path):
+    """The warm start saw only prompts that list the tool: the control must too, or it measures a new prompt."""
+    from rloo.toy.tool_demo import build_parser, demo_config
+
+    tokenizer = build_tool_tokenizer()
+    train, _ = tool_addition_split(8, 2, seed=0)
+    seen = {}
+    for arm in ([], ["--no_tools"]):
+        options = build_parser().parse_args(["--output_dir", str(tmp_path / f"run{len(arm)}"), "--batch_size", "4",
+                                             "--num_generations", "2", "--episodes", "4", *arm])
+        config, tools = demo_config(options)
+        model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+        sampler = RecordingSampler(tokenizer)
+        trainer = RLOOTrainer(model, reward_funcs=exact_match, args=config, train_dataset=train, processing_class=tokenizer,
+                              tools=tools, sampler=sampler)
+        trainer.collector.sample_rows(trainer.train_dataset.select(range(2)).to_list())
+        seen[bool(arm)] = sampler.prompts[0]
+    assert (tools, seen[True]) == (None, seen[False])
+    assert tokenizer.decode(seen[True][0]).startswith("system: tools add")

@@ -22,6 +22,7 @@ import torch
 
 from rloo.config import RLOOConfig
 from rloo.rewards import exact_match
+from rloo.tools import tool_schemas
 from rloo.toy.tool_task import (
     MAX_COMPLETION_LENGTH,
     TOOL_FRACTION,
@@ -59,6 +60,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def demo_config(options: argparse.Namespace) -> tuple[RLOOConfig, list | None]:
+    """The RLOO config and `tools=` of a run. The control (`--no_tools`) renders the same prompts, the tool listed
+    in them through `chat_template_kwargs` (the warm start only ever saw such prompts), but runs no tool."""
+    config = RLOOConfig(
+        output_dir=options.output_dir, overwrite_output_dir=True, seed=options.seed,
+        num_generations=options.num_generations, per_device_train_batch_size=options.batch_size,
+        gradient_accumulation_steps=1, learning_rate=options.learning_rate, lr_scheduler_type="constant", beta=0.0,
+        max_completion_length=MAX_COMPLETION_LENGTH, max_prompt_length=64, temperature=1.0,
+        total_episodes=options.episodes, logging_steps=4, save_steps=0, max_tool_calling_iterations=1,
+        report_to="none", chat_template_kwargs={"tools": tool_schemas([add])} if options.no_tools else None,
+    )
+    return config, None if options.no_tools else [add]
+
+
 def run(options: argparse.Namespace) -> dict[str, Any]:
     """Warm start, evaluate, RLOO, evaluate; returns the figures (also written to tool_demo_result.json)."""
     start = time.perf_counter()
@@ -72,15 +87,7 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
           f"tool-call rate {before['tool_call_rate']:.3f}; calls with the prompt's operands "
           f"{copying['operands_right']:.3f}, the tool's result copied into the answer {copying['answer_copied']:.3f}",
           flush=True)
-    config = RLOOConfig(
-        output_dir=options.output_dir, overwrite_output_dir=True, seed=options.seed,
-        num_generations=options.num_generations, per_device_train_batch_size=options.batch_size,
-        gradient_accumulation_steps=1, learning_rate=options.learning_rate, lr_scheduler_type="constant", beta=0.0,
-        max_completion_length=MAX_COMPLETION_LENGTH, max_prompt_length=64, temperature=1.0,
-        total_episodes=options.episodes, logging_steps=4, save_steps=0, max_tool_calling_iterations=1,
-        report_to="none",
-    )
-    tools = None if options.no_tools else [add]
+    config, tools = demo_config(options)
     trainer = RLOOTrainer(model, reward_funcs=exact_match, args=config, train_dataset=train_dataset,
                           processing_class=tokenizer, tools=tools)
     trainer.train()
