@@ -10,7 +10,8 @@ A tiny character-level model never discovers that format by sampling, so a super
 (`warm_started_tool_model`) shows it the whole exchange on a fraction of its rows (`TOOL_FRACTION`) and a
 direct answer on the others. Afterwards it copies well (the operands into the call, the tool's result into
 the answer), samples a call on about that fraction of prompts, but greedily calls on few (the bare answer's
-first digit usually outscores `<tool_call>`) and answers the rest itself, wrongly. RL then has something
+first digit usually outscores `<tool_call>`) and answers the rest itself, wrongly (on seeds 0 and 1; seed 2's
+warm start learned the sum itself). RL then has something
 to improve: calling the tool is what gets rewarded. docs/recipes.md has the calibration and the figures.
 """
 
