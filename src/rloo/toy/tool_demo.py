@@ -2,10 +2,10 @@
 
 1. Build the tool tokenizer and a 0.13M-parameter Qwen2 model from a config (no download).
 2. Warm-start it on four-digit additions, showing the tool exchange on 40% of the rows and a bare answer
-   on the others (it cannot compute the answers itself); cached, so the control reuses it.
+   on the others (it usually cannot compute the answers itself); cached, so the control reuses it.
 3. Measure held-out greedy accuracy and tool-call rate (the tool runs when called).
 4. Train with RLOO, `tools=[add]` and the exact-match reward on the final answer
-   (`--no_tools`: the same run without tools, the control).
+   (`--no_tools`, the control: the same prompts, the tool listed but never run).
 5. Measure held-out accuracy and tool-call rate again.
 """
 
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch_size", type=int, default=32, help="Trajectories per optimizer step.")
     parser.add_argument("--learning_rate", type=float, default=1e-3, help="RLOO learning rate.")
     parser.add_argument("--num_eval", type=int, default=200, help="Held-out problems.")
-    parser.add_argument("--no_tools", action="store_true", help="Train without tools= (the control run).")
+    parser.add_argument("--no_tools", action="store_true", help="Train without tools= (the control: same prompts, no tool runs).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the data, the warm start and RLOO.")
     return parser
 
