@@ -37,7 +37,7 @@ def save_tool_model(folder: str, steps: int = 120) -> None:
     tokenizer = build_tool_tokenizer()
     model = build_tiny_model(tokenizer, hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
                              intermediate_size=256, max_position_embeddings=512, seed=0)
-    supervised_warm_start(model, tokenizer, warm_start_rows(tokenizer, tool_dataset(), tool_fraction=1.0),
+    supervised_warm_start(model, tokenizer, warm_start_rows(tokenizer, tool_dataset(), tool_fraction=1.0, answer_rows=False),
                           steps=steps, batch_size=8, learning_rate=3e-3)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)  # for the engine; the trainer gets build_tool_tokenizer() itself (see below)

@@ -9,10 +9,12 @@ result copies the number inside `<tool_response>`. So a trajectory is right only
 import re
 
 import pytest
+import torch
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.generation.base import batch_from_token_lists
 from rloo.rewards import exact_match
+from rloo.tools import tool_schemas
 from rloo.toy import build_tiny_model
 from rloo.toy.tool_task import add, build_tool_tokenizer, evaluate_with_tool, tool_addition_split, tool_exchange_text
 
@@ -127,3 +129,108 @@ def test_rloo_demo_task_add_tool_reaches_the_tool_demo(capsys):
     with pytest.raises(SystemExit):
         main(["--task", "add_tool", "--help"])
     assert "rloo demo --task add_tool" in capsys.readouterr().out
+
+
+def test_operands_have_exactly_the_digits_asked_so_copying_is_a_fixed_offset():
+    train, held_out = tool_addition_split(40, 10, seed=0, digits=4)
+    prompts = [row["prompt"][0]["content"] for row in [*train, *held_out]]
+    assert all(len(a) == len(b) == 4 for a, b in (p.rstrip("=").split("+") for p in prompts))
+    assert all(len(answer) == 4 for answer in [*train["answer"], *held_out["answer"]])
+    assert not set(map(str, train["prompt"])) & set(map(str, held_out["prompt"]))
+    tokenizer = build_tool_tokenizer()
+    offsets = set()
+    for row in train.select(range(10)):
+        prompt_text, exchange = tool_exchange_text(tokenizer, row["prompt"], row["answer"])
+        text = prompt_text + exchange
+        a = row["prompt"][0]["content"].split("+")[0]
+        offsets.add((text.index('"a": ' + a) - text.index("user: " + a),
+                     text.rindex(row["answer"]) - text.index("<tool_response>" + row["answer"])))
+    assert len(offsets) == 1  # each digit of the call and of the answer is the digit a fixed number of characters back
+
+
+def test_the_warm_start_is_cached_and_reused(tmp_path, capsys):
+    from rloo.toy.tool_task import warm_started_tool_model
+
+    train, _ = tool_addition_split(16, 2, seed=0)
+    tiny = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 32}
+    first, _ = warm_started_tool_model(train, steps=2, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
+    assert "loaded from cache" not in capsys.readouterr().out
+    again, tokenizer = warm_started_tool_model(train, steps=2, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
+    assert "loaded from cache" in capsys.readouterr().out
+    # The reloaded tokenizer encodes as the built one (a saved and reloaded one dropped every space and newline).
+    text = tokenizer.apply_chat_template(train[0]["prompt"], tools=tool_schemas([add]), add_generation_prompt=True,
+                                         tokenize=False)
+    assert tokenizer.encode(text) == build_tool_tokenizer().encode(text)
+    other, _ = warm_started_tool_model(train, steps=3, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 2 and tokenizer.chat_template == build_tool_tokenizer().chat_template
+    for name, weight in first.state_dict().items():
+        assert torch.equal(weight, again.state_dict()[name])
+    assert any(not torch.equal(w, other.state_dict()[n]) for n, w in first.state_dict().items())
+
+
+def test_answer_rows_teach_the_final_copy_alone():
+    from rloo.toy.tool_task import warm_start_rows
+
+    tokenizer = build_tool_tokenizer()
+    train, _ = tool_addition_split(20, 2, seed=0)
+    plain = warm_start_rows(tokenizer, train, 0.5, seed=0, answer_rows=False)
+    rows = warm_start_rows(tokenizer, train, 0.5, seed=0, answer_rows=True)
+    tool_rows = [i for i, completion in enumerate(plain["answer"]) if completion.startswith("<tool_call>")]
+    assert 0 < len(tool_rows) < len(plain) and len(rows) == len(plain) + len(tool_rows)
+    copies = [(p, a) for p, a in zip(rows["prompt"], rows["answer"]) if p.endswith("</tool_response><eos>\nassistant: ")]
+    assert len(copies) == len(tool_rows)
+    for prompt, answer in copies:  # the completion is the tool's result, which the prompt holds
+        assert "<tool_response>" + answer + "</tool_response>" in prompt and answer.isdigit()
+
+
+class SwappingSampler(CopyingSampler):
+    """CopyingSampler whose call swaps the operands (a wrong copy) and whose answer after a result is "0"."""
+
+    def reply(self, text, k):
+        if "<tool_response>" in text:
+            return "0"
+        a, b = re.findall(r"user: (\d+)\+(\d+)=", text)[-1]
+        _, exchange = tool_exchange_text(self.tokenizer, [{"role": "user", "content": f"{b}+{a}="}], "")
+        return exchange.split("<eos>")[0]
+
+
+def test_copy_accuracy_scores_the_call_s_operands_and_the_copied_result_apart():
+    from rloo.toy.tool_task import copy_accuracy
+
+    tokenizer = build_tool_tokenizer()
+    _, held_out = tool_addition_split(4, 4, seed=1)
+    assert copy_accuracy(None, tokenizer, held_out, sampler=CopyingSampler(tokenizer)) == {
+        "call_rate": 1.0, "operands_right": 1.0, "answer_copied": 1.0}
+    assert copy_accuracy(None, tokenizer, held_out, sampler=SwappingSampler(tokenizer)) == {
+        "call_rate": 1.0, "operands_right": 0.0, "answer_copied": 0.0}
+
+
+class RecordingSampler(CopyingSampler):
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.prompts = []
+
+    def sample(self, model, prompts, num_generations):
+        self.prompts.append([list(p) for p in prompts])
+        return super().sample(model, prompts, num_generations)
+
+
+def test_the_demo_s_control_sees_the_same_prompts_as_the_run_with_tools(tmp_path):
+    """The warm start saw only prompts that list the tool: the control must too, or it measures a new prompt."""
+    from rloo.toy.tool_demo import build_parser, demo_config
+
+    tokenizer = build_tool_tokenizer()
+    train, _ = tool_addition_split(8, 2, seed=0)
+    seen = {}
+    for arm in ([], ["--no_tools"]):
+        options = build_parser().parse_args(["--output_dir", str(tmp_path / f"run{len(arm)}"), "--batch_size", "4",
+                                             "--num_generations", "2", "--episodes", "4", *arm])
+        config, tools = demo_config(options)
+        model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+        sampler = RecordingSampler(tokenizer)
+        trainer = RLOOTrainer(model, reward_funcs=exact_match, args=config, train_dataset=train, processing_class=tokenizer,
+                              tools=tools, sampler=sampler)
+        trainer.collector.sample_rows(trainer.train_dataset.select(range(2)).to_list())
+        seen[bool(arm)] = sampler.prompts[0]
+    assert (tools, seen[True]) == (None, seen[False])
+    assert tokenizer.decode(seen[True][0]).startswith("system: tools add")
