@@ -34,7 +34,7 @@ from rloo.rewards import exact_match
 from rloo.tools import parse_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
 from rloo.toy.models import build_tiny_model, set_generation_ids
 from rloo.toy.tokenizer import CHARACTERS, MODEL_MAX_LENGTH, SPECIAL_TOKENS
-from rloo.toy.warm_start import _write_entry, supervised_warm_start
+from rloo.toy.warm_start import supervised_warm_start, write_cache_entry
 
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 # Qwen-style: `<eos>` ends every message (as `<|im_end|>` does), so a turn that calls a tool ends at EOS.
@@ -186,7 +186,7 @@ def warm_started_tool_model(
     losses = supervised_warm_start(model, tokenizer, rows, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                                    seed=seed, log_every=log_every)
     if entry is not None:
-        _write_entry(entry, model, tokenizer, {**settings, "final_loss": losses[-1] if losses else None})
+        write_cache_entry(entry, model, tokenizer, {**settings, "final_loss": losses[-1] if losses else None})
     return model, tokenizer
 
 

@@ -296,7 +296,7 @@ def _train_and_cache(entry: Path, settings: dict[str, Any], verbose: bool
               f"{settings['warm_start_steps']} steps, stopping at training accuracy {settings['target_accuracy']}); "
               f"cached afterwards", flush=True)
     model, tokenizer, record = _warm_start_addition(settings, log_every=100 if verbose else 0)
-    _write_entry(entry, model, tokenizer, record)
+    write_cache_entry(entry, model, tokenizer, record)
     if verbose:
         accuracy = record["held_out_greedy_accuracy"]
         print(f"warm start: trained {record['steps_run']} steps in {record['train_seconds']:.1f}s, held-out greedy "
@@ -355,7 +355,7 @@ def _load_entry(entry: Path) -> tuple[transformers.PreTrainedModel, transformers
     return model, tokenizer
 
 
-def _write_entry(
+def write_cache_entry(
     entry: Path, model: transformers.PreTrainedModel, tokenizer: transformers.PreTrainedTokenizerBase, record: dict[str, Any]
 ) -> None:
     """Save model, tokenizer and "warm_start.json" to `entry` atomically: a temporary directory
