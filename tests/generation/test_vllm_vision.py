@@ -163,6 +163,15 @@ def test_weights_pushed_after_a_step_reach_the_vision_tower_too(setup):
         sampler.on_optimizer_step(model)
 
 
+def test_a_prompt_the_engine_expands_differently_is_refused(setup):
+    """Given the processor's expanded ids (as TRL 1.16 sends them), vLLM 0.32 expands Idefics3's image placeholders a
+    second time; the sampler refuses the batch rather than score completions of another prompt."""
+    model, sampler, prompt_ids, vision = setup
+    sampler.sample(model, prompt_ids, 1, vision=vision.repeat(1))  # the engine is built and holds the weights
+    with pytest.raises(RuntimeError, match="vLLM expanded prompt 0's image placeholders"):
+        sampler.engine.generate_with_images(prompt_ids, vision.images, prompt_ids, 1, {"max_tokens": 2})
+
+
 TRAIN_SCRIPT = textwrap.dedent("""
     import sys
     import torch
