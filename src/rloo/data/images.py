@@ -109,6 +109,10 @@ class VisionInputs:
     derive_token_types: bool = False
     token_types_name: str = "token_type_ids"
     num_images: list[int] = field(default_factory=list)  # per prompt
+    # For a vLLM engine, which takes the images themselves and expands their placeholders on its own: per prompt, its
+    # images (PIL) and its token ids as the chat template renders it, image placeholders not expanded.
+    images: list[list[Any]] = field(default_factory=list)
+    template_ids: list[list[int]] = field(default_factory=list)
 
     def repeat(self, num_generations: int) -> "VisionInputs":
         """Each row repeated K times, groups contiguous (the sampler's layout)."""
@@ -117,7 +121,8 @@ class VisionInputs:
     def select(self, rows: list[int] | range) -> "VisionInputs":
         """The rows at positions `rows` (the prompts' tensors are shared, not copied)."""
         return VisionInputs(self.per_prompt, [self.rows[i] for i in rows], self.image_token_id,
-                            self.derive_token_types, self.token_types_name, self.num_images)
+                            self.derive_token_types, self.token_types_name, self.num_images, self.images,
+                            self.template_ids)
 
     def slice(self, start: int, size: int) -> "VisionInputs":
         """Rows [start, start + size), as `Rollout.micro_batch` takes them."""
@@ -157,7 +162,7 @@ class ImagePromptEncoder:
     device: torch.device | str = "cpu"
 
     def encode(self, rows: list[dict[str, Any]]) -> tuple[list[list[int]], VisionInputs]:
-        prompt_ids, per_prompt, counts, token_types = [], [], [], None
+        prompt_ids, per_prompt, counts, token_types, opened, template_ids = [], [], [], None, [], []
         for row in rows:
             images = row_images(row, self.column)
             messages = multimodal_messages(row["prompt"], images)
@@ -172,11 +177,24 @@ class ImagePromptEncoder:
             token_types = token_types or next((n for n in PER_TOKEN_INPUTS if n in encoded), None)
             prompt_ids.append(ids)
             counts.append(len(images))
+            opened.append(images)
+            template_ids.append(self.template_ids(messages))
             per_prompt.append({name: value.to(self.device) for name, value in encoded.items()
                                if name not in ("input_ids", "attention_mask", *PER_TOKEN_INPUTS)})
         return prompt_ids, VisionInputs(per_prompt, list(range(len(rows))), self.image_token_id,
                                         derive_token_types=token_types is not None,
-                                        token_types_name=token_types or "token_type_ids", num_images=counts)
+                                        token_types_name=token_types or "token_type_ids", num_images=counts,
+                                        images=opened, template_ids=template_ids)
+
+    def template_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt's ids as its chat template renders it, each image one placeholder (not expanded): what a vLLM
+        engine takes with the images, expanding the placeholders itself (given the expanded ids, vLLM 0.32 expands
+        some families' placeholders a second time)."""
+        text = self.processor.apply_chat_template([messages], add_generation_prompt=True, tokenize=False,
+                                                  **self.chat_template_kwargs)
+        text = text[0] if isinstance(text, list) else text
+        bos = self.processor.tokenizer.bos_token  # the processor adds special tokens unless the template starts with bos
+        return self.processor.tokenizer(text, add_special_tokens=not (bos is not None and text.startswith(bos)))["input_ids"]
 
 
 def is_processor(processing_class: Any) -> bool:

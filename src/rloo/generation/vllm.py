@@ -16,6 +16,12 @@ engine's per-token log-probs come back in `SampledBatch.logprobs` for the trunca
 correction (algo.importance). For them to be the log-probs of the distribution sampled (temperature,
 top-k/top-p applied), the engine runs with
 `logprobs_mode="processed_logprobs"` (the server: `--logprobs-mode processed_logprobs`).
+
+Prompts with images (colocate only; docs/vision.md): each distinct prompt goes to the engine once, with n=K, as
+its chat-template ids with one placeholder per image and `multi_modal_data={"image": ...}`; the engine expands
+the placeholders itself, and the prompt it ran must equal the processor's expanded ids that the training passes
+run (checked, or the batch is refused). The image token gets a logit bias of -inf, so it is never drawn (as the
+other samplers suppress it); the engine's log-probs are then those of that distribution.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from typing import Any, Iterator, Protocol
 
 import torch
 
+from rloo.config import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, batch_from_token_lists
+from rloo.generation.fast import per_prompt_rows
 
 
 class Engine(Protocol):
@@ -39,6 +47,10 @@ class Engine(Protocol):
     def generate(self, prompts: list[list[int]], n: int, params: dict[str, Any]) -> list[list[tuple[list[int], list[float]]]]:
         """For each prompt, n (token ids, per-token log-probs) completions."""
         ...
+
+    # Engines that take images (ColocatedEngine) also have
+    # generate_with_images(prompts, images, expanded, n, params): `prompts` the chat-template ids (placeholders not
+    # expanded), `images` each prompt's PIL images, `expanded` the ids the engine must end up running.
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None: ...
 
@@ -165,6 +177,25 @@ class ColocatedEngine:
 
         sampling = SamplingParams(n=n, logprobs=0, **params)
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=sampling, use_tqdm=False)
+        return self._completions(outputs)
+
+    def generate_with_images(self, prompts, images, expanded, n, params):
+        from vllm import SamplingParams
+
+        sampling = SamplingParams(n=n, logprobs=0, **params)
+        requests = [{"prompt_token_ids": ids, "multi_modal_data": {"image": imgs if len(imgs) > 1 else imgs[0]}}
+                    for ids, imgs in zip(prompts, images)]
+        outputs = self.llm.generate(requests, sampling_params=sampling, use_tqdm=False)
+        for index, (request, want) in enumerate(zip(outputs, expanded)):
+            if list(request.prompt_token_ids) != list(want):
+                raise RuntimeError(f"vLLM expanded prompt {index}'s image placeholders into {len(request.prompt_token_ids)} "
+                                   f"ids, not the processor's {len(want)}: the training passes would score its completions "
+                                   f"against another prompt. This model's processor and vLLM's disagree; use "
+                                   f"sampler='fast' or 'generate' for it.")
+        return self._completions(outputs)
+
+    @staticmethod
+    def _completions(outputs):
         return [[(list(c.token_ids), [step[t].logprob for t, step in zip(c.token_ids, c.logprobs)])
                  for c in request.outputs] for request in outputs]
 
@@ -180,6 +211,11 @@ class ColocatedEngine:
         else:
             runner.model.load_weights(weights=list(weights))
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        engine = self.llm.llm_engine
+        if hasattr(engine, "reset_encoder_cache"):
+            # and so were the cached image embeddings (keyed by the image's content, not the weights); left in place,
+            # the next batch with the same image fails with "Encoder cache miss" or reuses the old vision tower's output
+            engine.reset_encoder_cache()
 
     def sleep(self):
         if self.sleep_mode:
@@ -256,17 +292,32 @@ class VLLMSampler(SamplingSettings):
         self._stale, self._loaded = False, weakref.ref(model)
 
     @torch.no_grad()
-    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
+    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
+               vision: Any = None) -> SampledBatch:
+        """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, groups of K contiguous),
+        colocate only: each distinct prompt is sent once with its images."""
         params = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1,
                       min_p=self.min_p, max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_token_ids),
                       **self.generation_kwargs)
+        if vision is not None:
+            firsts = per_prompt_rows(vision, num_generations).rows  # the prompt of each group, in order
+            if vision.image_token_id is not None:  # never drawn: it would have no image features in the training passes
+                params["logit_bias"] = {**params.get("logit_bias", {}), vision.image_token_id: float("-inf")}
         with self._lock:
             if self.engine is None:
                 self.engine = self._build_engine(model)
             self.engine.wake_up()
             if self._stale or (self._loaded is not None and self._loaded() is not model):
                 self.push_weights(model)
-            grouped = self.engine.generate(prompts, num_generations, params)
+            if vision is None:
+                grouped = self.engine.generate(prompts, num_generations, params)
+            elif not hasattr(self.engine, "generate_with_images"):
+                raise ConfigError(f"prompts with images need vllm_mode='colocate'; the {type(self.engine).__name__} "
+                                  f"engine (vllm_mode={getattr(self.args, 'vllm_mode', None)!r}) does not take images.")
+            else:
+                grouped = self.engine.generate_with_images([vision.template_ids[p] for p in firsts],
+                                                           [vision.images[p] for p in firsts], prompts,
+                                                           num_generations, params)
             self.engine.sleep()
         rows = [c for completions in grouped for c in completions]  # prompt-major: row p*K + k
         return batch_from_token_lists(prompts, [ids for ids, _ in rows], [logps for _, logps in rows], num_generations,
