@@ -46,7 +46,8 @@ def engine_setup(tmp_path_factory):
     sampler = VLLMSampler(pad_token_id=tokenizer.pad_token_id, eos_token_ids=[tokenizer.eos_token_id],
                           max_new_tokens=12, args=args)
     prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-    return model, tokenizer, sampler, prompts
+    yield model, tokenizer, sampler, prompts
+    sampler.close()  # one colocated engine per process: shut down before another test module builds its own
 
 
 @torch.no_grad()

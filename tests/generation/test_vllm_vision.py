@@ -93,7 +93,8 @@ def setup(tmp_path_factory):
                           args=args)
     encoder = ImagePromptEncoder(processor, "image", 512, IMAGE_TOKEN)
     prompt_ids, vision = encoder.encode(rows(2))
-    return model, sampler, prompt_ids, vision
+    yield model, sampler, prompt_ids, vision
+    sampler.close()
 
 
 def sampled_rows(batch):
