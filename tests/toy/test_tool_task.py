@@ -168,6 +168,19 @@ def test_the_warm_start_is_cached_and_reused(tmp_path, capsys):
     assert any(not torch.equal(w, other.state_dict()[n]) for n, w in first.state_dict().items())
 
 
+def test_the_warm_start_cache_key_follows_the_rows_the_model_imitates(tmp_path, capsys, monkeypatch):
+    """Bare rows written another way (here: the true sum, as they once were) never load the cached model."""
+    import rloo.toy.tool_task as tool_task
+
+    train, _ = tool_addition_split(16, 2, seed=0)
+    tiny = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 32}
+    tool_task.warm_started_tool_model(train, steps=2, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
+    monkeypatch.setattr(tool_task, "_wrong_guess", lambda rng, prompt, total: str(total))
+    capsys.readouterr()
+    tool_task.warm_started_tool_model(train, steps=2, batch_size=4, model_kwargs=tiny, cache_dir=tmp_path)
+    assert "loaded from cache" not in capsys.readouterr().out and len(list(tmp_path.iterdir())) == 2
+
+
 def test_answer_rows_teach_the_final_copy_alone():
     from rloo.toy.tool_task import warm_start_rows
 
@@ -181,6 +194,26 @@ def test_answer_rows_teach_the_final_copy_alone():
     assert len(copies) == len(tool_rows)
     for prompt, answer in copies:  # the completion is the tool's result, which the prompt holds
         assert "<tool_response>" + answer + "</tool_response>" in prompt and answer.isdigit()
+
+
+def test_the_bare_rows_answer_with_a_guess_that_is_never_the_sum():
+    """Bare rows that wrote the sum let a warm start learn four-digit addition itself (seed 2: 0.89 held-out
+    accuracy without calling); their guesses are four-digit numbers, never the sum, and seeded."""
+    from rloo.toy.tool_task import warm_start_rows
+
+    tokenizer = build_tool_tokenizer()
+    train, _ = tool_addition_split(400, 2, seed=2)
+    rows = warm_start_rows(tokenizer, train, 0.4, seed=2)
+    sums = {tokenizer.apply_chat_template(p, tools=tool_schemas([add]), add_generation_prompt=True, tokenize=False): a
+            for p, a in zip(train["prompt"], train["answer"])}
+    bare = [(sums[p], a) for p, a in zip(rows["prompt"], rows["answer"]) if p in sums and not a.startswith("<tool_call>")]
+    assert len(bare) > 150
+    assert all(len(guess) == 4 and guess.isdigit() and guess != total for total, guess in bare)
+    assert len({guess for _, guess in bare}) > 100  # guesses, not one constant
+    assert warm_start_rows(tokenizer, train, 0.4, seed=2)["answer"] == rows["answer"]
+    # The same rows show the tool as with the true sums (the guesses have their own random stream).
+    shown = [a.startswith("<tool_call>") for p, a in zip(rows["prompt"], rows["answer"]) if p in sums]
+    assert sum(shown) == len(train) - len(bare)
 
 
 class SwappingSampler(CopyingSampler):

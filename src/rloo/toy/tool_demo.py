@@ -1,8 +1,8 @@
 """`rloo demo --task add_tool`: RLOO teaches a tiny model to use an `add` tool, offline, on CPU.
 
 1. Build the tool tokenizer and a 0.13M-parameter Qwen2 model from a config (no download).
-2. Warm-start it on four-digit additions, showing the tool exchange on 40% of the rows and a bare answer
-   on the others (it usually cannot compute the answers itself); cached, so the control reuses it.
+2. Warm-start it on four-digit additions, showing the tool exchange on 40% of the rows and a bare guess
+   (never the sum) on the others, so it cannot learn the sums itself; cached, so the control reuses it.
 3. Measure held-out greedy accuracy and tool-call rate (the tool runs when called).
 4. Train with RLOO, `tools=[add]` and the exact-match reward on the final answer
    (`--no_tools`, the control: the same prompts, the tool listed but never run).
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Where the warm-started model is cached (the control run reuses the tool run's).")
     parser.add_argument("--warm_start_steps", type=int, default=WARM_START_STEPS, help="Supervised steps before RL.")
     parser.add_argument("--tool_fraction", type=float, default=TOOL_FRACTION,
-                        help="Warm-start rows that show the tool call (the others answer directly).")
+                        help="Warm-start rows that show the tool call (the others answer with a guess, never the sum).")
     parser.add_argument("--episodes", type=int, default=4096, help="Trajectories to sample in total.")
     parser.add_argument("--num_generations", type=int, default=8, help="K, trajectories per prompt.")
     parser.add_argument("--batch_size", type=int, default=32, help="Trajectories per optimizer step.")

@@ -8,11 +8,11 @@ repeats the result. The reward (`rloo.rewards.exact_match`) reads the final assi
 
 A tiny character-level model never discovers that format by sampling, so a supervised warm start
 (`warm_started_tool_model`) shows it the whole exchange on a fraction of its rows (`TOOL_FRACTION`) and a
-direct answer on the others. Afterwards it copies well (the operands into the call, the tool's result into
-the answer), samples a call on about that fraction of prompts, but greedily calls on few (the bare answer's
-first digit usually outscores `<tool_call>`) and answers the rest itself, wrongly (on seeds 0 and 1; seed 2's
-warm start learned the sum itself). RL then has something
-to improve: calling the tool is what gets rewarded. docs/recipes.md has the calibration and the figures.
+bare guess on the others (a number that is never the sum, so the warm start cannot teach the addition itself).
+Afterwards it copies well (the operands into the call, the tool's result into the answer), samples a call on
+about that fraction of prompts, but greedily calls on few (the guess's first digit, a copy, usually outscores
+`<tool_call>`) and answers the rest with a guess, wrongly. RL then has something to improve: calling the tool
+is the only way to be right. docs/recipes.md has the calibration and the figures.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ TOOL_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
 )
 DIGITS = 4  # operands up to 9999: the tiny model does not learn that in minutes, and copies it easily
-TOOL_FRACTION = 0.4  # warm-start rows that show the tool call; the others answer directly
+TOOL_FRACTION = 0.4  # warm-start rows that show the tool call; the others answer with a guess
 ANSWER_ROWS = True  # each tool row also teaches the final copy alone (`warm_start_rows`)
 MAX_COMPLETION_LENGTH = 96  # a call (about 50 tokens), the tool's message (about 30) and the answer
 # 0.13M parameters: copying needs no more, and a warm-start step costs about 0.18 s on one CPU thread (the
@@ -134,22 +134,37 @@ def tool_exchange_text(tokenizer: Any, prompt: list[dict[str, str]], answer: str
 def warm_start_rows(tokenizer: Any, dataset: Dataset, tool_fraction: float, seed: int = 0,
                     answer_rows: bool = ANSWER_ROWS) -> Dataset:
     """The warm start's rows: prompt text and the completion to imitate, the tool exchange on a seeded
-    `tool_fraction` of the rows and the bare answer on the others.
+    `tool_fraction` of the rows and a bare guess on the others: a seeded four-digit number that is never the
+    sum. With the true sum there, a warm start could learn the addition itself (seed 2 did: 0.89 held-out
+    accuracy without calling), and the tool then added nothing; with guesses, only the tool's path is ever right.
 
     With `answer_rows`, each tool row also gets a second row whose prompt is the whole exchange up to the final
     answer and whose completion is that answer alone: its loss is on the copy of the tool's result only (in the
     whole-exchange row that copy is 5 of about 85 supervised tokens, and was not learned in 2000 steps)."""
     rng = random.Random(seed)
+    guesses = random.Random(f"guess-{seed}")  # apart from `rng`, so the same rows show the tool as before
     prompts, completions = [], []
     for prompt, answer in zip(dataset["prompt"], dataset["answer"]):
         prompt_text, exchange = tool_exchange_text(tokenizer, prompt, answer)
         uses_tool = rng.random() < tool_fraction
         prompts.append(prompt_text)
-        completions.append(exchange if uses_tool else answer)
+        completions.append(exchange if uses_tool else _wrong_guess(guesses, prompt, int(answer)))
         if uses_tool and answer_rows:
             prompts.append(prompt_text + exchange[: len(exchange) - len(answer)])
             completions.append(answer)
     return Dataset.from_dict({"prompt": prompts, "answer": completions})
+
+
+def _wrong_guess(rng: random.Random, prompt: list[dict[str, str]], total: int) -> str:
+    """A number that is not `total`: the first digit of the prompt's first operand, then digits drawn from `rng`.
+
+    The first digit is a copy, so the model is sure of it: then the bare answer's first token outscores
+    `<tool_call>` greedily, as the true sums did, and RL has the call to teach. With every digit random
+    (tried on seed 2) the greedy model called on every prompt before RL and RLOO lowered its accuracy."""
+    first = str(operands(prompt)[0])[0]
+    while (guess := first + "".join(rng.choice("0123456789") for _ in range(DIGITS - 1))) == str(total):
+        pass
+    return guess
 
 
 def warm_started_tool_model(
@@ -165,10 +180,14 @@ def warm_started_tool_model(
     the control start from the same model without training it twice. Returns (model in eval mode, tokenizer).
     """
     model_kwargs = TOOL_MODEL_KWARGS if model_kwargs is None else model_kwargs
-    rows_text = json.dumps([list(train_dataset["prompt"]), list(train_dataset["answer"])])
+    tokenizer = build_tool_tokenizer()
+    rows = warm_start_rows(tokenizer, train_dataset, tool_fraction, seed, answer_rows)
+    # The key hashes the warm start's own rows (what the model imitates), so a change to how they are written
+    # (e.g. the bare rows' guesses) never loads a model trained on the old ones.
+    rows_text = json.dumps([list(rows["prompt"]), list(rows["answer"])])
     settings = {"seed": seed, "steps": steps, "tool_fraction": tool_fraction, "learning_rate": learning_rate,
                 "batch_size": batch_size, "model_kwargs": model_kwargs, "answer_rows": answer_rows,
-                "template": TOOL_CHAT_TEMPLATE, "rows": hashlib.sha256(rows_text.encode()).hexdigest()}
+                "template": TOOL_CHAT_TEMPLATE, "warm_start_rows": hashlib.sha256(rows_text.encode()).hexdigest()}
     entry = None
     if cache_dir is not None:
         entry = Path(cache_dir) / f"add_tool-{hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]}"
@@ -176,13 +195,10 @@ def warm_started_tool_model(
             print(f"warm start: loaded from cache {entry}", flush=True)
             # The tokenizer is rebuilt, not loaded: saved and reloaded, it comes back as Qwen2's tokenizer class,
             # which drops the spaces and newlines this character tokenizer encodes.
-            tokenizer = build_tool_tokenizer()
             model = transformers.AutoModelForCausalLM.from_pretrained(entry, dtype=torch.float32).eval()
             set_generation_ids(model, tokenizer)
             return model, tokenizer
-    tokenizer = build_tool_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
-    rows = warm_start_rows(tokenizer, train_dataset, tool_fraction, seed, answer_rows)
     losses = supervised_warm_start(model, tokenizer, rows, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                                    seed=seed, log_every=log_every)
     if entry is not None:
