@@ -68,6 +68,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def run_plain_python(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python args...` in a process of its own, as a user runs a script without a launcher: none of the launcher's
+    variables (an engine in this process may have set them), output captured."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def torchrun(script, *script_args, use_cpu: bool = True) -> subprocess.CompletedProcess:
     """`torchrun --nproc_per_node 2 script args` on CPU processes; ACCELERATE_USE_CPU=1 makes accelerate
     join them into one world (without it accelerate sees two unconnected runs)."""

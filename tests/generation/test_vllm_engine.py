@@ -7,8 +7,6 @@ One engine (tiny Qwen2, head_dim 64: the CPU attention refuses 16) serves the mo
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -19,6 +17,7 @@ if os.environ.get("RLOO_REQUIRE_VLLM", "").lower() in ("1", "true", "yes"):
 else:
     pytest.importorskip("vllm", reason="vLLM is not installed; scripts/test_vllm.sh builds a venv with it")
 
+from conftest import run_plain_python  # noqa: E402
 from rloo import RLOOConfig  # noqa: E402
 from rloo.generation.vllm import VLLMSampler  # noqa: E402
 from rloo.toy import build_char_tokenizer, build_tiny_model  # noqa: E402
@@ -166,10 +165,7 @@ def test_trl_style_script_trains_in_a_plain_python_process(tmp_path, engine_setu
     model, tokenizer, _, _ = engine_setup
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT")}
-    result = subprocess.run([sys.executable, str(script), model.config._name_or_path, str(tmp_path / "out")],
-                            env=env, capture_output=True, text=True, timeout=900)
+    result = run_plain_python(str(script), model.config._name_or_path, str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr[-4000:]
     assert "TRAINED" in result.stdout
     assert "Traceback" not in result.stderr, result.stderr[-4000:]  # the engine shut down before the process group
@@ -203,10 +199,8 @@ def test_async_rollouts_sample_from_the_weights_pushed_from_the_sampler_snapshot
     model, tokenizer, _, _ = engine_setup
     script = tmp_path / "train_async.py"
     script.write_text(ASYNC_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT")}
-    result = subprocess.run([sys.executable, str(script), model.config._name_or_path, str(tmp_path / "out"),
-                             str(max_staleness)], env=env, capture_output=True, text=True, timeout=900)
+    result = run_plain_python(str(script), model.config._name_or_path, str(tmp_path / "out"),
+                              str(max_staleness))
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     steps = [line for line in lines if "sampler/max_abs_log_ratio" in line]

@@ -15,8 +15,6 @@ Run by scripts/test_vllm.sh; skipped where vLLM is not installed, except with RL
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ else:
 from test_vllm_server import serving  # noqa: E402
 from vllm_tool_rollout import K, add, alternating, run_and_record, save_tool_model, tool_config, tool_dataset  # noqa: E402
 
+from conftest import run_plain_python  # noqa: E402
 from rloo import RLOOTrainer  # noqa: E402
 from rloo.toy.tool_task import build_tool_tokenizer  # noqa: E402
 
@@ -121,11 +120,9 @@ def check_calls_and_steps(record: dict) -> None:
 
 def test_colocated_engine_runs_tool_turns_token_in_token_out(tool_model, tmp_path):
     """colocate, environment_factory: one process of its own (vllm_tool_rollout.py) holds the engine."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT")}
     script = Path(__file__).with_name("vllm_tool_rollout.py")
-    result = subprocess.run([sys.executable, str(script), str(tool_model), str(tmp_path / "out"),
-                             str(tmp_path / "record.json")], env=env, capture_output=True, text=True, timeout=900)
+    result = run_plain_python(str(script), str(tool_model), str(tmp_path / "out"),
+                              str(tmp_path / "record.json"))
     assert result.returncode == 0 and "RECORDED" in result.stdout, result.stderr[-4000:]
     record = json.loads((tmp_path / "record.json").read_text())
     check_trajectories(record)

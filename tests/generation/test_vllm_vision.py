@@ -8,7 +8,6 @@ tests/vision do not load in this engine; Idefics3's does. The prompts go through
 """
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -24,6 +23,7 @@ else:
 
 import transformers  # noqa: E402
 
+from conftest import run_plain_python  # noqa: E402
 from rloo import RLOOConfig  # noqa: E402
 from rloo.algo.logprobs import completion_logprobs  # noqa: E402
 from rloo.data.images import ImagePromptEncoder  # noqa: E402
@@ -219,10 +219,8 @@ def test_a_trainer_step_with_images_and_the_vllm_sampler_trains(tmp_path, setup)
     model, _, _, _ = setup
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT")}
-    result = subprocess.run([sys.executable, str(script), model.config._name_or_path, str(tmp_path / "out"),
-                             str(Path(__file__).parent)], env=env, capture_output=True, text=True, timeout=900)
+    result = run_plain_python(str(script), model.config._name_or_path, str(tmp_path / "out"),
+                              str(Path(__file__).parent))
     assert result.returncode == 0, result.stderr[-4000:]
     assert "TRAINED 1" in result.stdout, result.stdout[-2000:]
     moved = next(line for line in result.stdout.splitlines() if line.startswith("MOVED")).split()
