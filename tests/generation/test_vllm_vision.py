@@ -185,11 +185,12 @@ def test_a_prompt_the_engine_expands_differently_is_refused(setup):
 
 TRAIN_SCRIPT = textwrap.dedent("""
     import sys
+    from pathlib import Path
     import torch
     from datasets import Dataset, Features, Image, Value
     from transformers import AutoProcessor
     from rloo import RLOOConfig, RLOOTrainer
-    sys.path.insert(0, sys.argv[3])
+    sys.path[:0] = [sys.argv[3], str(Path(sys.argv[3]).parent)]  # tests/generation, and tests/ for conftest
     from test_vllm_vision import rows
 
     def reward_varied(completions, image, **kwargs):  # any reward that differs within a group, so the step moves weights
