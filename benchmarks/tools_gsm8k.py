@@ -73,15 +73,22 @@ def main() -> None:
     options = parser.parse_args()
     runs = RUNS.with_name(f"{RUNS.name}-{options.variant}") if options.variant else RUNS
     suffix = f"_{options.variant}" if options.variant else ""
-    results = {folder.name: run for folder in sorted(runs.iterdir()) if folder.is_dir() and (run := read_run(folder))}
-    if not results:
+    out = ROOT / "benchmarks" / "results" / f"tools_gsm8k{suffix}.json"
+    found = {folder.name: run for folder in sorted(runs.iterdir()) if folder.is_dir() and (run := read_run(folder))} \
+        if runs.is_dir() else {}
+    if not found:
         sys.exit(f"no runs under {runs}: run benchmarks/tools_gsm8k_runs.sh first")
+    # Seeds run in separate sessions: runs recorded earlier and absent from runs/ now are kept, not dropped.
+    earlier = json.loads(out.read_text()) if out.exists() else {}
+    results = dict(sorted({**earlier, **found}.items()))
+    kept = sorted(set(earlier) - set(found))
+    if kept:
+        print(f"kept from {out.name} (no folder under {runs} now): {', '.join(kept)}")
     for name, run in results.items():
         before, after = run["held_out"][0], run["held_out"][-1] if len(run["held_out"]) > 1 else None
         print(f"{name}: {run['steps']} steps; held-out accuracy {before['accuracy']:.3f} -> "
               f"{after['accuracy'] if after else float('nan'):.3f}; tool calls per trajectory held-out "
               f"{before['tool_calls']} -> {after and after['tool_calls']}, training {run['train_tool_calls']:.3f}")
-    out = ROOT / "benchmarks" / "results" / f"tools_gsm8k{suffix}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     plot(results, ROOT / "docs" / f"recipes_gsm8k_tools{suffix}.png", options.held_out)
