@@ -263,7 +263,8 @@ class RLOOConfig:
     log_multimodal: bool = True
     """With log_completions and prompts with images (docs/vision.md): each logged row's images are written as PNG
     files under output_dir/images/ (named by content, so a group's K rows share them) and the row's "image"
-    column names them; `rloo report` shows them as thumbnails (TRL's name)."""
+    column names them; `rloo report` shows them as thumbnails, the trackers' completions table as images (W&B,
+    trackio, MLflow; TensorBoard as image summaries). TRL's name."""
     log_level: str = "passive"
     """How much the libraries underneath print (TRL's name). "passive" (the default) hides transformers'
     and datasets' progress bars ("Loading weights", "Writing model shards", "Generating train split")

@@ -125,8 +125,9 @@ def _run(tmp_path, env, *trackers):
 
 def test_wandb_offline_receives_metrics_table_project_and_name(tmp_path):
     pytest.importorskip("wandb", reason="wandb is not installed (pip install wandb)")
-    _run(tmp_path, {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_PROJECT": "my-proj",
-                    "WANDB_SILENT": "true"}, "wandb")
+    # WANDB_DATA_DIR: where an offline run stages its table artifacts (else under the home directory)
+    _run(tmp_path, {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_DATA_DIR": str(tmp_path / "data"),
+                    "WANDB_PROJECT": "my-proj", "WANDB_SILENT": "true"}, "wandb")
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     files = runs[0] / "files"

@@ -186,12 +186,18 @@ def test_images_column_paths_and_placeholders(tmp_path):
 
 
 @pytest.mark.parametrize("log_multimodal", [True, False])
-def test_log_multimodal_writes_the_images_next_to_the_completions_and_the_report_shows_them(tmp_path, log_multimodal):
+def test_log_multimodal_writes_the_images_next_to_the_completions_and_the_report_shows_them(tmp_path, log_multimodal,
+                                                                                             monkeypatch):
     import json
+
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from rloo.run.report import build_report
 
-    args = _config(tmp_path, log_completions=True, log_multimodal=log_multimodal, num_completions_to_print=3)
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    args = _config(tmp_path, log_completions=True, log_multimodal=log_multimodal, num_completions_to_print=3,
+                   report_to="tensorboard")
     trainer = RLOOTrainer(standin_vlms.model("gemma3"), _length_reward, args=args,
                           train_dataset=standin_vlms.image_dataset(4), processing_class=standin_vlms.processor("gemma3"))
     trainer.train()
@@ -201,12 +207,18 @@ def test_log_multimodal_writes_the_images_next_to_the_completions_and_the_report
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     page = build_report(run).read_text()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0}).Reload()
+    # TensorBoard (no tables): each table row's images as image summaries, row r's under "completions/row<r>/image<i>"
+    logged_to_tensorboard = {tag: [(e.width, e.height) for e in events.Images(tag)] for tag in events.Tags()["images"]}
     if not log_multimodal:
+        assert logged_to_tensorboard == {}
         assert "image" not in rows[0] and "<img src=\"images/" not in page
         return
     assert len(rows) == 3 and rows[0]["image"] == rows[1]["image"] and rows[0]["image"] != rows[2]["image"]
     assert all((run / path).is_file() for row in rows for path in row["image"])
     assert page.count('<img src="images/') == 3
+    assert logged_to_tensorboard == {f"completions/row{r}/image0": [Image.open(run / row["image"][0]).size]
+                                     for r, row in enumerate(rows)}
 
 
 def test_the_report_shows_only_its_own_image_files_as_images():

@@ -21,7 +21,7 @@ from rloo.algo.importance import mismatch_metrics
 from rloo.rewards.scoring import reward_function_metrics
 from rloo.run.console import completions_table, metrics_table, render
 from rloo.run.safe_text import display, tracker_text, visible
-from rloo.run.trackers import init_kwargs, log_table, project_name, resolve_report_to, tracker_config
+from rloo.run.trackers import image_files, init_kwargs, log_table, project_name, resolve_report_to, tracker_config
 
 
 class MetricsSink(Protocol):
@@ -312,7 +312,8 @@ class MetricsLogger:
 
     def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
         """Rows from `completion_rows`: printed, appended to completions.jsonl, and logged as the
-        "completions" table to the trackers that take tables (text to TensorBoard)."""
+        "completions" table to the trackers that take tables (text to TensorBoard), log_multimodal's
+        "image" files as each tracker's images (`trackers.log_table`)."""
         if not self.accelerator.is_main_process or not rows:
             return
         write_completions(self.output_dir / "completions.jsonl", rows)  # first: the file holds the rows whatever happens
@@ -323,5 +324,6 @@ class MetricsLogger:
         # turns, encodable (no lone surrogates).
         table = [[row.get(key) if isinstance(row.get(key), (int, float, type(None))) else tracker_text(display(row.get(key)))
                   for key in rows[0]] for row in rows]
+        images = [image_files(row.get("image"), self.output_dir) for row in rows]  # log_multimodal's files
         for tracker in self.accelerator.trackers if self.use_trackers else []:
-            log_table(tracker, "completions", columns, table, step)
+            log_table(tracker, "completions", columns, table, step, images)

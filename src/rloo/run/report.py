@@ -24,12 +24,12 @@ import html
 import io
 import json
 import math
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from rloo.run.safe_text import html_text, visible
+from rloo.run.trackers import IMAGE_FILE
 
 # (title, [(metric, label)], band): band is (metric of the spread, "std") or (low, high) metrics.
 PANELS: list[tuple[str, list[tuple[str, str]], tuple[str, str] | None]] = [
@@ -295,12 +295,9 @@ def completions_html(rows: list[dict[str, Any]], per_step: int = 8) -> str:
     return "".join(parts) or "<p>No completions were logged (log_completions=False).</p>"
 
 
-_IMAGE_FILE = re.compile(r"images/[0-9a-f]{16}\.png")
-
-
 def _thumbnails(value: Any) -> str:
     """log_multimodal's "image" column: thumbnails of `data.images.save_images`' files; any other value as text."""
-    if not isinstance(value, list) or not all(isinstance(v, str) and _IMAGE_FILE.fullmatch(v) for v in value):
+    if not isinstance(value, list) or not all(isinstance(v, str) and IMAGE_FILE.fullmatch(v) for v in value):
         return _cell(value)
     return "".join(f'<img src="{html.escape(v, quote=True)}" width="64" alt="prompt image">' for v in value)
 

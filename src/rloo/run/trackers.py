@@ -6,6 +6,11 @@ list of names. The project is `WANDB_PROJECT` (default "rloo") for every tracker
 the run where the tracker has runs (W&B, trackio, MLflow, ClearML, SwanLab, Aim). TensorBoard
 writes where transformers' TensorBoardCallback (and so TRL) does: `$TENSORBOARD_LOGGING_DIR` when set,
 else `output_dir/runs/<Mon DD_HH-MM-SS>_<host>`, so `tensorboard --logdir output_dir/runs` finds it.
+
+log_multimodal's "image" column (the PNG files `data.images.save_images` wrote) reaches each tracker as
+its own image type where it has one: as TRL does, a list of `wandb.Image` / `trackio.Image` per row in
+W&B's and trackio's tables; `mlflow.log_table` takes one PIL image per cell (rows with exactly one image);
+TensorBoard, which has no tables, gets each row's images as image summaries beside its text table.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 from datetime import datetime
 from pathlib import Path
@@ -125,18 +131,51 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
-def log_table(tracker: Any, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+# log_multimodal's files (`data.images.save_images`), as the "image" column names them: relative to output_dir.
+IMAGE_FILE = re.compile(r"images/[0-9a-f]{16}\.png")
+
+
+def image_files(value: Any, output_dir: str | Path) -> list[Path] | None:
+    """A completions row's "image" value as the files it names under output_dir, when it is log_multimodal's
+    list of `IMAGE_FILE` names; None for any other value (a reward function's own "image" column stays text)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and IMAGE_FILE.fullmatch(v) for v in value):
+        return None
+    return [Path(output_dir) / v for v in value]
+
+
+def _load_image(path: Path) -> Any:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.convert("RGB")  # read now: the file is closed on leaving
+
+
+def _with_images(columns: list[str], rows: list[list[Any]], images: list[list[Path] | None], media: Any
+                 ) -> list[list[Any]]:
+    """`rows` with each "image" cell that names files replaced by `media(file)` for each of them (a list per row)."""
+    at = columns.index("image")
+    return [[[media(str(f)) for f in files] if i == at and files is not None else cell for i, cell in enumerate(row)]
+            for row, files in zip(rows, images)]
+
+
+def log_table(tracker: Any, name: str, columns: list[str], rows: list[list[Any]], step: int,
+              images: list[list[Path] | None] | None = None) -> None:
     """Log a table to one accelerate tracker: a table where the tracker has tables (W&B, trackio,
     MLflow, Comet, ClearML), Markdown text for TensorBoard; Aim, DVCLive and SwanLab get none (their
-    metrics still arrive)."""
+    metrics still arrive). `images`: each row's image files (`image_files` of its "image" cell), shown
+    as images by the trackers that have them (module docstring); the others keep the names as text."""
     kind = getattr(tracker, "name", "")
+    if images is None or "image" not in columns or not any(images):
+        images = None
     if kind == "mlflow":
         import mlflow
 
+        data = {column: [row[i] for row in rows] for i, column in enumerate(columns)}
+        if images is not None and all(files is not None and len(files) == 1 for files in images):
+            data["image"] = [_load_image(files[0]) for files in images]  # mlflow takes whole columns of single images
         # One artifact per run: mlflow appends each call's rows to it, and the step column tells them
         # apart (one file per step would grow the run's list of logged tables without bound).
-        mlflow.log_table(data={column: [row[i] for row in rows] for i, column in enumerate(columns)},
-                         artifact_file=f"{name}.json", run_id=tracker.tracker.info.run_id)
+        mlflow.log_table(data=data, artifact_file=f"{name}.json", run_id=tracker.tracker.info.run_id)
     elif kind == "comet_ml":  # Comet's tables are files; one per step, the experiment's step is set by accelerate
         tracker.tracker.log_table(f"{name}_step{step:07d}.csv", tabular_data=rows, headers=columns)
     elif kind == "clearml":
@@ -144,11 +183,20 @@ def log_table(tracker: Any, name: str, columns: list[str], rows: list[list[Any]]
     elif kind == "wandb":
         import wandb
 
+        rows = rows if images is None else _with_images(columns, rows, images, wandb.Image)
         tracker.tracker.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
     elif kind == "trackio":
         import trackio
 
+        rows = rows if images is None else _with_images(columns, rows, images, trackio.Image)
         tracker.tracker.log({name: trackio.Table(columns=columns, data=rows)}, step=step)
     elif kind == "tensorboard":
+        import numpy as np
+
         tracker.tracker.add_text(name, markdown_table(columns, rows), global_step=step)
+        # No tables in TensorBoard: row r's images under "<name>/row<r>/image<i>", r counting the text table's rows.
+        for r, files in enumerate(images or []):
+            for i, file in enumerate(files or []):
+                tracker.tracker.add_image(f"{name}/row{r}/image{i}", np.asarray(_load_image(file)), global_step=step,
+                                          dataformats="HWC")
         tracker.tracker.flush()
