@@ -11,10 +11,11 @@ import standin_vlms
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.algo import mrope
 from rloo.algo.logprobs import completion_logprobs, rope_index_owner
 from rloo.config import ConfigError
 from rloo.data.images import ImagePromptEncoder, image_token_id
-from rloo.generation import FastSampler, mrope
+from rloo.generation import FastSampler
 from rloo.generation import fast as fast_module
 from rloo.generation.base import left_pad
 from rloo.generation.kv_cache import append_in_place_cache
