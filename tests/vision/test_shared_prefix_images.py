@@ -159,6 +159,33 @@ def test_prompts_with_the_same_ids_and_other_images_are_not_merged(family):
     torch.testing.assert_close(grouped[mask], want[mask], atol=1e-5, rtol=1e-5)
 
 
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_gradient_checkpointing_of_the_shared_prefix_pass_with_images(family):
+    """With gradient_checkpointing under shared_prefix_forward, rloo recomputes each decoder layer that runs on the
+    `ReplayableCache` (`model_loading.checkpoint_layers`): with images in the prefill, the same log-probs and
+    gradients as the whole-row pass."""
+    from rloo.model_loading import checkpoint_layers
+
+    model = _model(family).train()
+    prompt_ids, prompt_mask, completion_ids, completion_mask, vision = _batch(family, model)
+
+    def run(forward):
+        model.zero_grad(set_to_none=True)
+        logps, _ = forward()
+        (logps * completion_mask).sum().backward()
+        return logps.detach() * completion_mask, {n: p.grad.clone() for n, p in model.named_parameters()
+                                                  if p.grad is not None}
+
+    want = run(lambda: _whole_rows(model, prompt_ids, prompt_mask, completion_ids, completion_mask, vision))
+    assert checkpoint_layers(model) > 0
+    got = run(lambda: shared_prompt_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                             vision=vision))
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    assert got[1].keys() == want[1].keys()
+    for name in want[1]:
+        torch.testing.assert_close(got[1][name], want[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
 def _config(tmp_path, **overrides):
     values = dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=6, num_generations=K,
                   max_completion_length=4, max_prompt_length=512, learning_rate=1e-3, beta=0.1, max_steps=1,
