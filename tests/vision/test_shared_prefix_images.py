@@ -217,6 +217,24 @@ def test_a_trainer_step_with_shared_prefix_forward_runs_each_image_once_per_pass
     assert any(n.startswith(("model.vision_tower", "model.visual")) for n in changed), sorted(changed)[:5]
 
 
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_under_lora_the_shared_reference_pass_equals_the_samplers_logprobs(tmp_path, family):
+    """LoRA (adapters on the language model, B = 0 at the start): the reference is the policy with its adapters
+    disabled, run on the shared-prefix path with each prompt's images once, and at the first step it is the policy
+    the fast sampler drew from, so the measured KL (pi_old: the sampler's log-probs) is 0 up to float rounding."""
+    from peft import LoraConfig
+
+    model = _model(family)
+    calls = []
+    _count_images(model, calls)
+    trainer = RLOOTrainer(model, _length_reward, args=_config(tmp_path), train_dataset=standin_vlms.image_dataset(4),
+                          processing_class=standin_vlms.processor(family),
+                          peft_config=LoraConfig(r=4, target_modules="all-linear"))
+    trainer.train()
+    assert len(calls) == 3 and calls[0] == calls[1] == calls[2], calls
+    assert abs(trainer.state.log_history[0]["objective/kl"]) < 1e-5, trainer.state.log_history[0]["objective/kl"]
+
 def test_the_whole_row_path_stays_for_caches_and_positions_that_cannot_be_shared(monkeypatch):
     """Gemma 3 (sliding window), Qwen3.5 (linear attention), the LLaVA-NeXT stand-in as TRL builds it (Mistral's
     4096-token sliding window) and a 3-D-position model not in mrope.VERIFIED_MODEL_TYPES run their no-grad
