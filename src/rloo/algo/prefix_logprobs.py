@@ -266,4 +266,3 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
         logps.append(block_logps)
         entropies.append(block_entropy)
     return torch.cat(logps), torch.cat(entropies) if with_entropy else None
-
