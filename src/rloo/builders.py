@@ -14,6 +14,7 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, PreTrainedModel, get_scheduler
 
 from rloo import model_loading
+from rloo.algo import mrope
 from rloo.algo.lean_activations import lean_activations
 from rloo.config import ConfigError, RLOOConfig
 from rloo.data.images import ImagePromptEncoder, image_column, image_token_id, is_processor, language_model_only
@@ -356,18 +357,11 @@ def build_multi_turn(trainer: Any, tools: Sequence[Any] | None, environment_fact
                             tool_call_timeout=args.tool_call_timeout, trainer=trainer)
 
 
-# Options whose stage does not carry image inputs yet: refused by name with images in the dataset (docs/vision.md).
-_IMAGE_REFUSALS = {
-    "shared_prefix_forward": "the shared-prefix training pass does not take image inputs yet; leave it False",
-    "dynamic_sampling": "dynamic sampling's refill rounds do not carry image inputs yet; leave it False",
-}
-
-
 def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) -> ImagePromptEncoder | None:
     """The stage that renders rows with images through the processor (`data.images`); None for a text dataset.
     Refuses, by name, what the image path does not take: a tokenizer instead of a processor, a sampler other
-    than `fast`, `generate` and colocated `vllm` (and `fast` for a model with 3-D positions it is not verified on),
-    multi-turn rollouts, and the options of `_IMAGE_REFUSALS`."""
+    than `fast`, `generate` and colocated `vllm` (and `fast`, or shared_prefix_forward, for a model with 3-D
+    positions not verified here), multi-turn rollouts, and dynamic_sampling (docs/vision.md)."""
     args, sampler, multi_turn = trainer.args, trainer.sampler, trainer.multi_turn
     column = image_column(trainer.train_dataset.column_names)
     if column is None:
@@ -389,9 +383,14 @@ def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) 
     if multi_turn is not None:
         raise ConfigError("prompts with images do not run with tools, environments or a rollout_func yet; drop the "
                           f"{column!r} column or the multi-turn arguments.")
-    for name, reason in _IMAGE_REFUSALS.items():
-        if getattr(args, name):
-            raise ConfigError(f"{name}=True with images in the prompts: {reason}.")
+    if args.shared_prefix_forward and not mrope.positions_verified(policy):  # not in mrope.VERIFIED_MODEL_TYPES
+        raise ConfigError(f"shared_prefix_forward=True with images on {type(policy).__name__} (model_type "
+                          f"{mrope.model_type(policy)!r}): the shared-prefix pass gives the completion tokens their 3-D "
+                          f"rotary positions (mrope) itself, which is verified for {', '.join(mrope.VERIFIED_MODEL_TYPES)} "
+                          f"only; set shared_prefix_forward=False for this model (docs/vision.md).")
+    if args.dynamic_sampling:
+        raise ConfigError("dynamic_sampling=True with images in the prompts: dynamic sampling's refill rounds do not "
+                          "carry image inputs yet; leave it False.")
     return ImagePromptEncoder(processing_class, column, args.max_prompt_length,
                               image_token_id(policy.config, processing_class), dict(args.chat_template_kwargs or {}),
                               trainer.accelerator.device)

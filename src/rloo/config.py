@@ -117,7 +117,9 @@ class RLOOConfig:
     completion 64, 5.3x at 1024 / 32 on CPU; about even where a large LM head dominates:
     benchmarks/shared_prefix.py, docs/algorithm.md). Needs a model whose KV cache is plain full
     attention (no sliding window); with gradient_checkpointing, the decoder layers of both the
-    prompts' and the completions' pass are recomputed. Off by default."""
+    prompts' and the completions' pass are recomputed. With images in the prompts, each prompt's images
+    run once per micro-batch, not once per completion (Qwen-VL's 3-D positions for the verified types
+    only: docs/vision.md). Off by default."""
     bf16: bool | None = None
     """Run forward and backward passes under bf16 autocast (accelerate mixed precision). None (default)
     means auto: on where a CUDA GPU supports bf16, off on CPU and older GPUs. An explicit value is used

@@ -172,7 +172,8 @@ class Learner:
             if args.shared_prefix_forward:  # each prompt once, its completions on copies of its KV cache
                 logps, entropy = shared_prompt_logprobs(self.model, micro.prompt_ids, micro.prompt_mask,
                                                         micro.completion_ids, micro.completion_mask, args.temperature,
-                                                        with_entropy=True, entropy_grad=args.entropy_coef > 0)
+                                                        with_entropy=True, entropy_grad=args.entropy_coef > 0,
+                                                        vision=micro.vision)  # each prompt's images once
             else:
                 input_ids = torch.cat([micro.prompt_ids, micro.completion_ids], dim=1)
                 attention_mask = torch.cat([micro.prompt_mask, micro.completion_mask], dim=1)

@@ -85,11 +85,14 @@ def processor(family: str):
     return vlm_standins.build_processor(_standin(family))
 
 
-def model(family: str, seed: int = 0) -> torch.nn.Module:
-    """A fresh float32 model of the family's conditional-generation class, seeded random weights."""
+def model(family: str, seed: int = 0, **text_config) -> torch.nn.Module:
+    """A fresh float32 model of the family's conditional-generation class, seeded random weights; `text_config`
+    overrides fields of its language model's config (e.g. sliding_window=None)."""
     standin = _standin(family)
     config = getattr(transformers, standin.config_class)(**standin.config)
     text = config.get_text_config()
+    for name, value in text_config.items():
+        setattr(text, name, value)
     if getattr(text, "layer_types", None) is not None:
         text.layer_types = text.layer_types[: text.num_hidden_layers]
     built = getattr(transformers, standin.model_class)(config)

@@ -11,10 +11,12 @@ import standin_vlms
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.algo import mrope
 from rloo.algo.logprobs import completion_logprobs, rope_index_owner
+from rloo.algo.prefix_logprobs import shares_image_prompts
 from rloo.config import ConfigError
 from rloo.data.images import ImagePromptEncoder, image_token_id
-from rloo.generation import FastSampler, mrope
+from rloo.generation import FastSampler
 from rloo.generation import fast as fast_module
 from rloo.generation.base import left_pad
 from rloo.generation.kv_cache import append_in_place_cache
@@ -161,8 +163,10 @@ def _length_reward(completions, **kwargs):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_trainer_with_images_and_no_sampler_set_trains_with_the_fast_sampler(tmp_path, family):
-    """As a TRL VLM script runs: no sampler named. The sampling pass runs each prompt's images once (2 prompts),
-    the reference and training passes each row's (2 x K=2); pi_old is the sampler's log-probs (fp32, 1 iteration)."""
+    """As a TRL VLM script runs: no sampler named. The sampling pass runs each prompt's images once (2 prompts), the
+    reference pass too where the model shares image prompts (`shares_image_prompts`: LLaVA, Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL), else each row's (2 x K=2), and the training pass each row's; pi_old is the sampler's log-probs (fp32,
+    1 iteration)."""
     model = standin_vlms.model(family)
     calls = []
     _count_images(model, calls)
@@ -175,13 +179,16 @@ def test_a_trainer_with_images_and_no_sampler_set_trains_with_the_fast_sampler(t
     if family in QWEN_VL:  # the tower counts patches, which differ per image: the prefill runs half the rows' (K=2),
         # or all of them where the cache cannot copy rows (Qwen3.5's linear-attention layers: a prefill per completion)
         prefill_rows = 2 if fast_module.can_repeat_rows(append_in_place_cache(model.config, room=1)) else 4
-        assert len(calls) == 3 and calls[1] == calls[2] == 4 // prefill_rows * calls[0], calls
+        reference_rows = 2 if shares_image_prompts(model) else 4
+        assert len(calls) == 3 and calls[2] == 4 // prefill_rows * calls[0], calls
+        assert calls[1] == reference_rows // 2 * calls[2] // 2, calls
         calls.clear()
         assert "eval/reward" in trainer.evaluate(standin_vlms.image_dataset(3, seed=1))
         assert len(calls) == 2, calls  # the eval prefills (2 prompts, then 1)
         return
     per_image = 5 if family == "llava_next" else 1  # LLaVA-NeXT's image is 5 tiles here
-    assert calls == [2 * per_image, 4 * per_image, 4 * per_image], calls
+    reference_rows = 2 if shares_image_prompts(model) else 4  # Gemma 3, the LLaVA-NeXT stand-in: sliding windows
+    assert calls == [2 * per_image, reference_rows * per_image, 4 * per_image], calls
     calls.clear()
     assert "eval/reward" in trainer.evaluate(standin_vlms.image_dataset(3, seed=1))
     assert calls == [2 * per_image, per_image], calls  # the eval prefills (2 prompts a batch): each image once

@@ -18,6 +18,14 @@ so the prompt's gradients add up as the whole-row pass's K copies do. Models who
 plain full-attention `DynamicCache` (sliding windows, recurrent layers) are refused by
 `can_share_prompts`, and the caller takes the plain path.
 
+Prompts with images (`vision`, a `data.images.VisionInputs` with one row per completion): the prefill takes
+each distinct prompt's vision tensors once (n images for n prompts, not n*K), the image features go into the
+prompts' keys and values, and the completions after it are text only, on copies of that cache; with grad,
+the vision tower's gradients add up over the copies as over the whole-row pass's K images. Models with 3-D
+rotary positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) get the model's own prefill positions (`get_rope_index`)
+and each completion token n + rope delta on all three axes (`algo.mrope`), the positions the whole-row pass
+gives them; other models with 3-D positions are left to their whole-row pass (`shares_image_prompts`).
+
 Both passes run on a `ReplayableCache`, whose layers return their fixed prefix (nothing for the
 prefill, the prompt's keys and values for the completions) followed by the new states however often
 they are called. A decoder layer can then be recomputed in backward (gradient checkpointing,
@@ -26,10 +34,13 @@ they are called. A decoder layer can then be recomputed in backward (gradient ch
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rloo.algo import mrope
 from rloo.algo.logprobs import (
     cache_argument,
     is_right_padded,
@@ -38,6 +49,9 @@ from rloo.algo.logprobs import (
     reachable_head,
     run_to_head,
 )
+
+if TYPE_CHECKING:
+    from rloo.data.images import VisionInputs
 
 
 class ReplayableLayer(DynamicLayer):
@@ -71,13 +85,16 @@ class ReplayableCache(DynamicCache):
                        else [ReplayableLayer(keys, values) for keys, values in layers])
 
 
-def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int) -> bool:
-    """True when the (B, P) rows come in groups of `group_size` consecutive rows with one prompt each."""
+def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
+                         vision: VisionInputs | None = None) -> bool:
+    """True when the (B, P) rows come in groups of `group_size` consecutive rows with one prompt each (and,
+    with `vision`, one prompt's images each: the same ids can carry different images)."""
     if group_size < 1 or prompt_ids.shape[0] % group_size:
         return False
     ids = prompt_ids.view(-1, group_size, prompt_ids.shape[1])  # (N, K, P)
     mask = prompt_mask.view(-1, group_size, prompt_mask.shape[1])
-    return bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all())
+    same_images = vision is None or all(vision.rows[i] == vision.rows[i - i % group_size] for i in range(len(vision.rows)))
+    return bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all()) and same_images
 
 
 def can_share_prompts(model: torch.nn.Module) -> bool:
@@ -90,6 +107,12 @@ def can_share_prompts(model: torch.nn.Module) -> bool:
     except Exception:  # a config transformers cannot lay a cache out for
         return False
     return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def shares_image_prompts(model: torch.nn.Module) -> bool:
+    """True when prompts with images can run once per group on `model`: its cache can be shared and the
+    completions' positions are given here correctly (1-D positions, or a verified 3-D type: `mrope.positions_verified`)."""
+    return can_share_prompts(model) and mrope.positions_verified(model)
 
 
 def check_shared_prompt_model(model: torch.nn.Module) -> None:
@@ -118,6 +141,7 @@ def grouped_completion_logprobs(
     group_size: int,
     temperature: float = 1.0,
     rows_per_pass: int | None = None,
+    vision: VisionInputs | None = None,
 ) -> torch.Tensor:
     """No-grad log-probs of the completion tokens, each group's prompt run once.
 
@@ -131,11 +155,13 @@ def grouped_completion_logprobs(
         temperature: logits are divided by it, as in sampling.
         rows_per_pass: completion rows per forward (and K-groups' prompts per prefill, at least one
             group); None runs everything at once.
+        vision: the rows' image inputs (one row per completion, groups contiguous), or None; each distinct
+            prompt's go to the prefill once (the model must pass `shares_image_prompts`).
 
     Returns:
         (B, C) fp32 log-probs of the completion tokens (as `completion_logprobs` gives them).
     """
-    if not groups_share_prompts(prompt_ids, prompt_mask, group_size):
+    if not groups_share_prompts(prompt_ids, prompt_mask, group_size, vision):
         raise ValueError(f"rows must come in groups of group_size={group_size} consecutive rows sharing one prompt")
     total, length = completion_ids.shape
     rows_per_pass = rows_per_pass or total
@@ -146,7 +172,8 @@ def grouped_completion_logprobs(
         rows = slice(start, start + rows_per_prefill)
         owner = torch.arange(completion_ids[rows].shape[0], device=completion_ids.device) // group_size
         logps, _ = _prompt_once(model, prompt_ids[rows], prompt_mask[rows], completion_ids[rows],
-                                completion_mask[rows], owner, temperature, rows_per_pass)
+                                completion_mask[rows], owner, temperature, rows_per_pass,
+                                vision=None if vision is None else vision.slice(start, rows_per_prefill))
         chunks.append(logps)
     return torch.cat(chunks) if chunks else completion_ids.new_zeros(0, length, dtype=torch.float32)
 
@@ -160,6 +187,7 @@ def shared_prompt_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    vision: VisionInputs | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The training forward of a micro-batch with each distinct prompt run once (`shared_prefix_forward`).
 
@@ -172,41 +200,52 @@ def shared_prompt_logprobs(
         prompt_ids, prompt_mask: (B, P) left-padded prompts; a micro-batch may cut groups.
         completion_ids, completion_mask: (B, C) right-padded completions.
         temperature, with_entropy, entropy_grad: as in `logprobs.completion_logprobs`.
+        vision: the rows' image inputs (`Rollout.vision` of the micro-batch), or None: consecutive rows share a
+            prefill only when they also share the prompt's images, which then run once.
 
     Returns:
         (B, C) fp32 log-probs, and (B, C) entropies or None.
     """
     new_prompt = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)  # (B,)
     new_prompt[1:] = ((prompt_ids[1:] != prompt_ids[:-1]) | (prompt_mask[1:] != prompt_mask[:-1])).any(dim=1)
+    if vision is not None:  # the same ids (image tokens expanded) can carry another image
+        image_rows = torch.tensor(vision.rows, device=prompt_ids.device)
+        new_prompt[1:] |= image_rows[1:] != image_rows[:-1]
     owner = new_prompt.long().cumsum(0) - 1  # (B,) index of each row's prompt among the distinct ones
     logps, entropy = _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask, owner, temperature,
-                                  None, with_entropy)
+                                  None, with_entropy, vision)
     if entropy is not None and not entropy_grad:
         entropy = entropy.detach()
     return logps, entropy
 
 
 def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask, owner, temperature, rows_per_pass,
-                 with_entropy=False):
-    """Rows whose prompts are the distinct prompts `owner` points to: one prefill of those prompts,
-    then the completions in row blocks on copies of their cache. Returns (b, C) log-probs, entropies."""
+                 with_entropy=False, vision=None):
+    """Rows whose prompts are the distinct prompts `owner` points to: one prefill of those prompts (with
+    their images, once each), then the completions in row blocks on copies of their cache. Returns (b, C)
+    log-probs, entropies."""
     head = reachable_head(model)
     config = getattr(model, "module", model).config
     first_rows = torch.cat([owner.new_zeros(1), (owner[1:] != owner[:-1]).nonzero().flatten() + 1])  # (n,)
     unique_ids, unique_mask = prompt_ids[first_rows], prompt_mask[first_rows]  # (n, P)
     cache, cache_name = ReplayableCache(len(DynamicCache(config=config).layers)), cache_argument(model)
+    images = {} if vision is None else vision.select(first_rows.tolist()).model_kwargs(unique_ids)
+    prompt_positions, rope_deltas = mrope.prefill_positions(model, unique_ids, unique_mask, images)
     # Step 1: the n distinct prompts once; the last position predicts the first completion token.
     first = run_to_head(model, head, input_ids=unique_ids, attention_mask=unique_mask,
-                        position_ids=position_ids_from_mask(unique_mask), **{cache_name: cache}, use_cache=True,
-                        logits_to_keep=1)[:, -1]  # (n, H) or (n, V)
+                        position_ids=prompt_positions, **{cache_name: cache}, use_cache=True,
+                        logits_to_keep=1, **images)[:, -1]  # (n, H) or (n, V)
     prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]  # per layer (n, heads, P, D) each
     # A completion's right padding stays unmasked (causal attention keeps real tokens from seeing it):
     # with prompts of one length the mask is then all ones, which transformers applies more cheaply.
     if is_right_padded(completion_mask):
         completion_mask = torch.ones_like(completion_mask)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (b, P + C)
-    # The positions the plain pass gives the completion tokens (left padding skipped).
-    positions = position_ids_from_mask(attention_mask)[:, prompt_ids.shape[1]:]  # (b, C)
+    # The positions the plain pass gives the completion tokens (left padding skipped): (b, C), or with 3-D
+    # positions (3, b, C), each its 1-D position + its prompt's rope delta on all three axes.
+    positions = position_ids_from_mask(attention_mask)[:, prompt_ids.shape[1]:]
+    if rope_deltas is not None:
+        positions = mrope.decode_positions(positions, rope_deltas[owner])
     total = completion_ids.shape[0]
     rows_per_pass = rows_per_pass or total
     logps, entropies = [], []
@@ -218,7 +257,7 @@ def _prompt_once(model, prompt_ids, prompt_mask, completion_ids, completion_mask
             # last (which predicts nothing) on it.
             block_cache = ReplayableCache([(keys[owner[rows]], values[owner[rows]]) for keys, values in prompt_kv])
             later = run_to_head(model, head, input_ids=completion_ids[rows, :-1],
-                                attention_mask=attention_mask[rows, :-1], position_ids=positions[rows, :-1],
+                                attention_mask=attention_mask[rows, :-1], position_ids=positions[..., rows, :-1],
                                 **{cache_name: block_cache}, use_cache=True,
                                 logits_to_keep=0)  # (r, C - 1, H) or (r, C - 1, V)
             states = torch.cat([states, later], dim=1)  # (r, C, H) or (r, C, V)

@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from rloo.algo.logprobs import cache_argument, position_ids_from_mask
+from rloo.algo import mrope
+from rloo.algo.logprobs import cache_argument
 from rloo.algo.logprobs import computes_own_positions as positions_are_3d  # Qwen-VL's mrope: get_rope_index
 from rloo.config_checks import ConfigError
-from rloo.generation import mrope
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 from rloo.generation.kv_cache import append_in_place_cache
 
@@ -93,16 +93,6 @@ def refuse_3d_positions(model: torch.nn.Module) -> None:
                           f"{mrope.model_type(model)!r}) places image prompts with 3-D rotary positions (mrope), which "
                           f"the fast sampler computes for {', '.join(mrope.VERIFIED_MODEL_TYPES)} only; set "
                           f"sampler='generate' for this model (docs/vision.md).")
-
-
-def _prompt_positions(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                      images: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The prefill's position ids and rope deltas: (3, B, P) and (B, 1) from the model's own `get_rope_index` for
-    prompts with images on a model with 3-D positions; otherwise (B, P) positions that skip the left padding
-    and None."""
-    if images and positions_are_3d(model):
-        return mrope.prompt_positions(model, prompt_ids, prompt_mask, images)
-    return position_ids_from_mask(prompt_mask), None
 
 
 def per_prompt_rows(vision: Any, k: int) -> Any:
@@ -165,7 +155,7 @@ class FastSampler(SamplingSettings):
         With images, each distinct prompt's vision tensors run once (every K-th row of `vision`)."""
         if can_repeat_rows(cache):  # one prefill per prompt; every sample continues from a copy of it
             images = {} if vision is None else per_prompt_rows(vision, k).model_kwargs(prompt_ids)
-            positions, rope_deltas = _prompt_positions(model, prompt_ids, prompt_mask, images)
+            positions, rope_deltas = mrope.prefill_positions(model, prompt_ids, prompt_mask, images)
             prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
                             **{cache_name: cache}, use_cache=True, logits_to_keep=1, **images)
             cache.batch_repeat_interleave(k)
@@ -175,7 +165,7 @@ class FastSampler(SamplingSettings):
         _note_prefill_per_sample(cache)
         repeated_ids, repeated_mask = prompt_ids.repeat_interleave(k, dim=0), prompt_mask.repeat_interleave(k, dim=0)
         images = {} if vision is None else vision.model_kwargs(repeated_ids)
-        positions, rope_deltas = _prompt_positions(model, repeated_ids, repeated_mask, images)
+        positions, rope_deltas = mrope.prefill_positions(model, repeated_ids, repeated_mask, images)
         prefill = model(input_ids=repeated_ids, attention_mask=repeated_mask, position_ids=positions,
                         **{cache_name: cache}, use_cache=True, logits_to_keep=1, **images)
         return prefill.logits[:, -1], rope_deltas  # (B, V), (B, 1) or None

@@ -19,7 +19,12 @@ from rloo.algo.importance import mismatch_sums
 from rloo.algo.kl import kl_penalized_reward, kl_placement, token_kl, token_kl_advantages
 from rloo.algo.logprobs import completion_logprobs, position_ids_from_mask
 from rloo.algo.off_policy import kept_log_mass, sampler_correction_weights
-from rloo.algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
+from rloo.algo.prefix_logprobs import (
+    can_share_prompts,
+    grouped_completion_logprobs,
+    groups_share_prompts,
+    shares_image_prompts,
+)
 from rloo.algo.shaping import shape_scores
 from rloo.config import RLOOConfig
 from rloo.data.images import ImagePromptEncoder, VisionInputs, logged_image_files
@@ -286,18 +291,19 @@ class RolloutCollector:
     def logprobs(self, model: torch.nn.Module, sampled: SampledBatch) -> torch.Tensor:
         """No-grad (B, C) completion log-probs, in micro-batches of per_device_train_batch_size rows.
 
-        Each group's prompt runs once and its K completions on a copy of its KV cache
-        (`algo.prefix_logprobs`), the same log-probs as running every row whole; models whose cache
-        cannot be shared that way (sliding windows), rows whose groups do not share one prompt, and rows
-        with images (each with a copy of its prompt's vision tensors, `data.images`) run every row whole."""
+        Each group's prompt runs once, with its images once, and its K completions on a copy of its KV cache
+        (`algo.prefix_logprobs`), the same log-probs as running every row whole. Models whose cache cannot be
+        shared that way (sliding windows, linear attention), rows whose groups do not share one prompt, and rows
+        with images on a model with 3-D positions not verified here (`shares_image_prompts`) run every row whole
+        (with images, each with a copy of its prompt's vision tensors, `data.images`)."""
         completion_length, size = sampled.completion_ids.shape[1], self.args.per_device_train_batch_size
         group_size, vision = self.args.num_generations, sampled.vision
         with self.accelerator.autocast():
-            shared = vision is None and can_share_prompts(model)  # image rows run whole, each with its copy
-            if shared and groups_share_prompts(sampled.prompt_ids, sampled.prompt_mask, group_size):
+            shared = can_share_prompts(model) if vision is None else shares_image_prompts(model)
+            if shared and groups_share_prompts(sampled.prompt_ids, sampled.prompt_mask, group_size, vision):
                 return grouped_completion_logprobs(model, sampled.prompt_ids, sampled.prompt_mask,
                                                    sampled.completion_ids, sampled.completion_mask, group_size,
-                                                   self.args.temperature, rows_per_pass=size)
+                                                   self.args.temperature, rows_per_pass=size, vision=vision)
             input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)  # (B, P + C)
             attention_mask = torch.cat([sampled.prompt_mask, sampled.completion_mask], dim=1)
             chunks = []
