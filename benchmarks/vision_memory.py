@@ -20,7 +20,7 @@ from rloo.algo.prefix_logprobs import grouped_completion_logprobs, shares_image_
 from rloo.data.images import ImagePromptEncoder, image_token_id  # noqa: E402
 
 K = 8
-STANDINS = [("gemma3", {}), ("llava", {}), ("llava_next", {}), ("llava_next", {"sliding_window": None}), ("qwen2_vl", {})]
+STANDINS = [("gemma3", {}), ("llava", {}), ("llava_next", {}), ("qwen2_vl", {}), ("qwen3_5", {})]
 
 
 def tower_input_mib(model, run) -> float:
@@ -58,4 +58,4 @@ for family, text_config in STANDINS:
                                                                             completions, mask, K, vision=rows))
         print(f"{line}, shared prefix {shared:.2f} MiB")
     else:
-        print(f"{line}, shared prefix: not taken (its cache cannot be shared: sliding window or linear attention)")
+        print(f"{line}, shared prefix: not taken (its cache cannot be shared: linear attention)")

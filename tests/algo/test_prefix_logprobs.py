@@ -1,6 +1,8 @@
 """Each prompt once per group (algo.prefix_logprobs): the same no-grad log-probs as running every
 row whole, on a rotary (Qwen2) and an absolute-position (GPT-2) model, with left-padded prompts."""
 
+import copy
+
 import pytest
 import torch
 import transformers
@@ -82,12 +84,63 @@ def test_groups_must_share_their_prompt(make_model):
         grouped_completion_logprobs(make_model(), prompt_ids, prompt_mask, completion_ids, completion_mask, 2 * K)
 
 
-def test_sliding_window_models_are_not_shared(make_model, tokenizer):
-    assert can_share_prompts(make_model())
-    config = transformers.Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
-                                      use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    assert not can_share_prompts(transformers.Qwen2ForCausalLM(config))
+def sliding_window_models(vocab: int) -> dict[str, transformers.PreTrainedModel]:
+    """Models whose windows (4 and 3 tokens) are shorter than the rows (up to 7 + 5): Qwen2 with every layer
+    sliding, Mistral, and a Gemma 3 text model mixing sliding and full layers, each in eager and sdpa attention."""
+    small = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                 intermediate_size=64)
+    configs = {"qwen2": transformers.Qwen2Config(**small, use_sliding_window=True, sliding_window=4, max_window_layers=0),
+               "mistral": transformers.MistralConfig(**small, sliding_window=4),
+               "gemma3": transformers.Gemma3TextConfig(**{**small, "num_hidden_layers": 3}, head_dim=16, sliding_window=3,
+                                                       layer_types=["sliding_attention", "full_attention",
+                                                                    "sliding_attention"])}
+    classes = {"qwen2": transformers.Qwen2ForCausalLM, "mistral": transformers.MistralForCausalLM,
+               "gemma3": transformers.Gemma3ForCausalLM}
+    models = {}
+    for name, config in configs.items():
+        for implementation in ("eager", "sdpa"):
+            torch.manual_seed(5)
+            config._attn_implementation = implementation
+            models[f"{name}-{implementation}"] = classes[name](config).eval()
+    return models
+
+
+def test_sliding_window_models_share_with_the_window_applied_over_the_copied_prompt(tokenizer):
+    """The copied prompt cache keeps every key and the model's mask applies the window over them, so the grouped
+    log-probs equal the whole rows' even with windows shorter than the rows (which do change the log-probs)."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = grouped_batch(len(tokenizer))
+    input_ids, attention_mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
+    for name, model in sliding_window_models(len(tokenizer)).items():
+        assert can_share_prompts(model), name
+        want, _ = completion_logprobs(model, input_ids, attention_mask, C)
+        got = grouped_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, K)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=name)
+        # The window matters here: the same weights with full attention in every layer give other log-probs.
+        config = copy.deepcopy(model.config)
+        if getattr(config, "layer_types", None):  # Qwen2, Gemma 3: per-layer types
+            config.layer_types = ["full_attention"] * config.num_hidden_layers
+        else:  # Mistral: one window for every layer
+            config.sliding_window = None
+        unwindowed = type(model)(config).eval()
+        unwindowed.load_state_dict(model.state_dict())
+        full, _ = completion_logprobs(unwindowed, input_ids, attention_mask, C)
+        assert (full - want).abs().max() > 1e-3, name
+
+
+def test_a_sliding_window_under_a_kernel_and_recurrent_layers_are_not_shared(tokenizer):
+    """Flash attention applies the window in its kernel (not verified to see the copied prompt as the whole row
+    does); Qwen3.5's linear-attention layers keep no keys to copy. A full-attention model under flash is shared."""
+    model = sliding_window_models(len(tokenizer))["mistral-sdpa"]
+    model.config._attn_implementation = "flash_attention_2"
+    assert not can_share_prompts(model)
+    with pytest.raises(ValueError, match="sliding-window model runs with attn_implementation 'sdpa' or 'eager'.*"
+                                         "not 'flash_attention_2'"):
+        prefix_logprobs.check_shared_prompt_model(model)
+    model.config.sliding_window = None
+    assert can_share_prompts(model)
+    config = transformers.Qwen3_5TextConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                            num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+    assert not can_share_prompts(transformers.Qwen3_5ForCausalLM(config))
 
 
 def spy_grouped(monkeypatch) -> list:

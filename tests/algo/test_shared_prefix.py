@@ -89,7 +89,27 @@ def test_trainer_micro_batch_loss_is_the_same_with_the_shared_prefix_forward(tmp
         torch.testing.assert_close(got[1][name], want[1][name], atol=1e-6, rtol=1e-4, msg=name)
 
 
-def test_trainer_refuses_the_shared_prefix_forward_on_a_sliding_window_model(tmp_path, tokenizer):
+def test_shared_prefix_forward_on_a_sliding_window_model_gives_the_whole_rows_gradients(tokenizer):
+    """With a window (4) shorter than the rows, the training pass on copies of the prompt's cache gives the
+    whole-row pass's log-probs and every parameter's gradient (the mask applies the window over the copy)."""
+    from test_prefix_logprobs import grouped_batch, sliding_window_models
+
+    prompt_ids, prompt_mask, completion_ids, completion_mask = grouped_batch(len(tokenizer))
+    input_ids, attention_mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
+    weights = torch.randn(completion_ids.shape, generator=torch.Generator().manual_seed(2)) * completion_mask
+    for name, model in sliding_window_models(len(tokenizer)).items():
+        prefix_logprobs.check_shared_prompt_model(model)
+        names, params = zip(*model.named_parameters())
+        want, _ = completion_logprobs(model, input_ids, attention_mask, completion_ids.shape[1])
+        want_grads = torch.autograd.grad((want * weights).sum(), params)
+        got, _ = shared_prompt_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        got_grads = torch.autograd.grad((got * weights).sum(), params)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=name)
+        for param, a, b in zip(names, got_grads, want_grads):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=f"{name} {param}")
+
+
+def test_trainer_trains_with_the_shared_prefix_forward_on_a_sliding_window_model(tmp_path, tokenizer):
     from datasets import Dataset
 
     from conftest import digit_fraction
@@ -101,9 +121,12 @@ def test_trainer_refuses_the_shared_prefix_forward_on_a_sliding_window_model(tmp
                                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=4, beta=0.0, max_steps=1, save_steps=0, shared_prefix_forward=True)
-    with pytest.raises(ValueError, match="shared_prefix_forward needs a decoder whose KV cache is plain full attention"):
-        RLOOTrainer(transformers.Qwen2ForCausalLM(config), digit_fraction, args=args,
-                    train_dataset=Dataset.from_list([{"prompt": "1+1="}]), processing_class=tokenizer)
+    model = transformers.Qwen2ForCausalLM(config)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = RLOOTrainer(model, digit_fraction, args=args, train_dataset=Dataset.from_list([{"prompt": "1+1="}]),
+                          processing_class=tokenizer)
+    trainer.train()
+    assert any(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
 
 
 def test_logits_path_when_the_head_is_out_of_reach(make_model, monkeypatch):

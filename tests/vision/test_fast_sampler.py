@@ -187,7 +187,7 @@ def test_a_trainer_with_images_and_no_sampler_set_trains_with_the_fast_sampler(t
         assert len(calls) == 2, calls  # the eval prefills (2 prompts, then 1)
         return
     per_image = 5 if family == "llava_next" else 1  # LLaVA-NeXT's image is 5 tiles here
-    reference_rows = 2 if shares_image_prompts(model) else 4  # Gemma 3, the LLaVA-NeXT stand-in: sliding windows
+    reference_rows = 2 if shares_image_prompts(model) else 4  # Qwen3.5 (linear attention): every row whole
     assert calls == [2 * per_image, reference_rows * per_image, 4 * per_image], calls
     calls.clear()
     assert "eval/reward" in trainer.evaluate(standin_vlms.image_dataset(3, seed=1))

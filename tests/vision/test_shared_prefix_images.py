@@ -3,7 +3,9 @@ with their images, once each, then the K completions text-only on copies of its 
 (`grouped_completion_logprobs`, pi_old and pi_ref) and the training pass (`shared_prompt_logprobs`,
 shared_prefix_forward) give the whole-row pass's log-probs and gradients (vision tower included), while the
 vision tower sees N images, not N*K. Qwen2-VL, Qwen2.5-VL and Qwen3-VL (3-D rotary positions) included; the families
-whose cache cannot be shared or whose positions are not verified keep the whole-row pass or are refused by name."""
+whose cache cannot be shared or whose positions are not verified keep the whole-row pass or are refused by name.
+Gemma 3 (one sliding layer of 16 tokens, one full) and LLaVA-NeXT's Mistral (both layers sliding, 40 tokens) run
+with windows shorter than their rows (60-89 tokens), which the attention mask applies over the copied prompt cache."""
 
 from __future__ import annotations
 
@@ -22,14 +24,18 @@ from rloo.config import ConfigError
 from rloo.data.images import ImagePromptEncoder, image_token_id
 
 QWEN_VL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]  # 3-D rotary positions, full-attention caches
-SHARED = ["llava", "llava_next", *QWEN_VL]
+SHARED = ["gemma3", "llava", "llava_next", *QWEN_VL]
 K = 3
 
 
 def _model(family: str, seed: int = 0) -> torch.nn.Module:
-    """The family's stand-in; LLaVA-NeXT's Mistral without MistralConfig's default 4096-token sliding window (a
-    sliding-window cache is not shared; that stand-in is checked to take the whole-row path below)."""
-    return standin_vlms.model(family, seed, **({"sliding_window": None} if family == "llava_next" else {}))
+    """The family's stand-in; Gemma 3's and LLaVA-NeXT's sliding windows (512 and Mistral's default 4096) shrunk
+    below the rows' lengths, Gemma 3's first layer sliding and its second full as the family mixes them, so that
+    the windows cut into every row (they change the log-probs: checked below) while the completions still see the
+    image (through the full layer, or through two 40-token windows)."""
+    windows = {"gemma3": {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]},
+               "llava_next": {"sliding_window": 40}}
+    return standin_vlms.model(family, seed, **windows.get(family, {}))
 
 
 def _batch(family: str, model: torch.nn.Module, same_text: bool = False, seed: int = 0):
@@ -236,22 +242,42 @@ def test_under_lora_the_shared_reference_pass_equals_the_samplers_logprobs(tmp_p
     assert abs(trainer.state.log_history[0]["objective/kl"]) < 1e-5, trainer.state.log_history[0]["objective/kl"]
 
 def test_the_whole_row_path_stays_for_caches_and_positions_that_cannot_be_shared(monkeypatch):
-    """Gemma 3 (sliding window), Qwen3.5 (linear attention), the LLaVA-NeXT stand-in as TRL builds it (Mistral's
-    4096-token sliding window) and a 3-D-position model not in mrope.VERIFIED_MODEL_TYPES run their no-grad
-    passes whole; the five above share."""
-    for family in ["gemma3", "qwen3_5", "llava_next"]:
-        assert not shares_image_prompts(standin_vlms.model(family)), family
+    """Qwen3.5 (linear attention), Gemma 3 under flash attention (its window applied by the kernel) and a
+    3-D-position model not in mrope.VERIFIED_MODEL_TYPES run their no-grad passes whole; the stand-ins above share,
+    Gemma 3 and the LLaVA-NeXT stand-in as TRL builds it (sliding windows of 512 and 4096) included."""
+    for family in ["gemma3", "llava_next"]:
+        assert shares_image_prompts(standin_vlms.model(family)), family
+    assert not shares_image_prompts(standin_vlms.model("qwen3_5"))
+    gemma = standin_vlms.model("gemma3")
+    gemma.config.get_text_config()._attn_implementation = "flash_attention_2"
+    assert not shares_image_prompts(gemma)
     qwen = _model("qwen2_vl")
     assert shares_image_prompts(qwen)
     monkeypatch.setattr(mrope, "VERIFIED_MODEL_TYPES", ("qwen2_5_vl", "qwen3_vl"))
     assert not shares_image_prompts(qwen)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen3_5", "qwen2_vl_unverified"])
+@pytest.mark.parametrize("family", ["gemma3", "llava_next"])
+def test_the_window_cuts_into_the_rows_of_the_sliding_window_stand_ins(family):
+    """The windows above matter: the same weights with full attention give other whole-row log-probs, so the
+    shared passes' equality with the whole rows covers the window applied over the copied prompt."""
+    model = _model(family).eval()
+    prompt_ids, prompt_mask, completion_ids, completion_mask, vision = _batch(family, model)
+    full_attention = {"layer_types": ["full_attention"] * 2} if family == "gemma3" else {"sliding_window": None}
+    unwindowed = standin_vlms.model(family, **full_attention).eval()
+    unwindowed.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        want, _ = _whole_rows(model, prompt_ids, prompt_mask, completion_ids, completion_mask, vision)
+        full, _ = _whole_rows(unwindowed, prompt_ids, prompt_mask, completion_ids, completion_mask, vision)
+    mask = completion_mask.bool()
+    assert (full[mask] - want[mask]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen2_vl_unverified"])
 def test_shared_prefix_forward_is_refused_by_name_where_it_cannot_run(tmp_path, family, monkeypatch):
-    """(e) shared_prefix_forward=True with images: Gemma 3's sliding-window and Qwen3.5's linear-attention caches
-    cannot be shared, and a model with 3-D positions not verified here (Qwen2-VL taken off the list) would get its
-    completion positions from an unverified rule; each is refused with the fix (turn it off)."""
+    """(e) shared_prefix_forward=True with images: Qwen3.5's linear-attention cache holds no keys to copy, and a
+    model with 3-D positions not verified here (Qwen2-VL taken off the list) would get its completion positions from
+    an unverified rule; each is refused with the fix (turn it off)."""
     sampler = {}
     if family == "qwen2_vl_unverified":
         monkeypatch.setattr(mrope, "VERIFIED_MODEL_TYPES", ("qwen2_5_vl", "qwen3_vl"))
@@ -259,7 +285,7 @@ def test_shared_prefix_forward_is_refused_by_name_where_it_cannot_run(tmp_path, 
         error, match = ConfigError, ("shared_prefix_forward=True with images on Qwen2VLForConditionalGeneration "
                                      r"\(model_type 'qwen2_vl'\).*3-D rotary positions.*shared_prefix_forward=False")
     else:
-        error, match = ValueError, "shared_prefix_forward needs a decoder whose KV cache is plain full attention.*off"
+        error, match = ValueError, "shared_prefix_forward needs a decoder whose KV cache holds attention keys.*off"
     with pytest.raises(error, match=match):
         RLOOTrainer(standin_vlms.model(family), _length_reward, args=_config(tmp_path, **sampler),
                     train_dataset=standin_vlms.image_dataset(4), processing_class=standin_vlms.processor(family))

@@ -14,8 +14,10 @@ Attention is causal, so the prompt's keys and values do not depend on what follo
 equals the plain pass's up to floating-point summation order. It is for the no-grad passes (pi_ref,
 and pi_old when a pass computes it). `shared_prompt_logprobs` is the same computation with grad for
 the training forward (`shared_prefix_forward`): the copies of the cache stay in the autograd graph,
-so the prompt's gradients add up as the whole-row pass's K copies do. Models whose cache is not a
-plain full-attention `DynamicCache` (sliding windows, recurrent layers) are refused by
+so the prompt's gradients add up as the whole-row pass's K copies do. Sliding-window layers share too: the
+copied cache keeps every prompt key and the model's attention mask applies the window over them, as in the
+whole-row pass (eager and sdpa attention; `MASKED_WINDOW_ATTENTION`). Models whose cache holds no attention
+keys (recurrent or linear-attention layers), or whose sliding window a kernel applies, are refused by
 `can_share_prompts`, and the caller takes the plain path.
 
 Prompts with images (`vision`, a `data.images.VisionInputs` with one row per completion): the prefill takes
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from rloo.algo import mrope
 from rloo.algo.logprobs import (
@@ -97,16 +99,48 @@ def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gr
     return bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all()) and same_images
 
 
-def can_share_prompts(model: torch.nn.Module) -> bool:
-    """True when `model`'s cache is made of plain full-attention layers (what step 2 copies)."""
+# Attention implementations that apply a sliding window as the attention mask the model builds from its config
+# over every key it is given. The shared prompt's cache keeps every key (`ReplayableLayer`), so on these a
+# sliding-window layer masks exactly as in the whole-row pass; a kernel that applies the window itself
+# (flash attention) is not verified here.
+MASKED_WINDOW_ATTENTION = ("eager", "sdpa")
+
+
+def _cache_layers(model: torch.nn.Module) -> list | None:
+    """The layers of the cache transformers lays out for `model`'s config, or None (no decoder cache)."""
     config = getattr(getattr(model, "module", model), "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
-        return False
+        return None
     try:
-        cache = DynamicCache(config=config)
+        return DynamicCache(config=config).layers
     except Exception:  # a config transformers cannot lay a cache out for
-        return False
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
+        return None
+
+
+def attention_implementation(model: torch.nn.Module) -> str | None:
+    config = getattr(model, "module", model).config
+    return getattr(config.get_text_config(), "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
+
+
+def _share_refusal(model: torch.nn.Module) -> str | None:
+    """Why completions cannot run on a copy of their prompt's cache on `model`, or None when they can."""
+    layers = _cache_layers(model)
+    if layers is None or not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
+        return ("shared_prefix_forward needs a decoder whose KV cache holds attention keys and values (full or "
+                "sliding-window attention layers, not recurrent or linear-attention ones), so that completions can run "
+                "on a copy of their prompt's cache; turn shared_prefix_forward off for this model.")
+    implementation = attention_implementation(model)
+    if any(type(layer) is DynamicSlidingWindowLayer for layer in layers) and implementation not in MASKED_WINDOW_ATTENTION:
+        return (f"shared_prefix_forward on a sliding-window model runs with attn_implementation 'sdpa' or 'eager' (the "
+                f"window is then the attention mask over the shared prompt's keys), not {implementation!r}; load the "
+                f"model with attn_implementation='sdpa' or turn shared_prefix_forward off.")
+    return None
+
+
+def can_share_prompts(model: torch.nn.Module) -> bool:
+    """True when `model`'s completions can run on copies of their prompt's cache: every cache layer is full
+    attention, or sliding-window attention whose window the attention mask applies (`MASKED_WINDOW_ATTENTION`)."""
+    return _share_refusal(model) is None
 
 
 def shares_image_prompts(model: torch.nn.Module) -> bool:
@@ -117,10 +151,9 @@ def shares_image_prompts(model: torch.nn.Module) -> bool:
 
 def check_shared_prompt_model(model: torch.nn.Module) -> None:
     """Refuse, with the fix, a model whose cache `shared_prompt_logprobs` cannot share (shared_prefix_forward)."""
-    if not can_share_prompts(model):
-        raise ValueError("shared_prefix_forward needs a decoder whose KV cache is plain full attention (no sliding "
-                         "window or recurrent layers), so that completions can run on a copy of their prompt's "
-                         "cache; turn shared_prefix_forward off for this model.")
+    refusal = _share_refusal(model)
+    if refusal is not None:
+        raise ValueError(refusal)
     inner = getattr(model, "module", model)
     # Newer transformers renamed is_gradient_checkpointing (which now warns) to is_activation_checkpointing.
     name = "is_activation_checkpointing" if hasattr(type(inner), "is_activation_checkpointing") else "is_gradient_checkpointing"
