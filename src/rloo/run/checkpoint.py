@@ -355,6 +355,19 @@ def _check_saved_config(path: Path, args: RLOOConfig) -> None:
                        "the new length.", path, "; ".join(changed(LENGTH_FIELDS)))
 
 
+def saved_names(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """{name save_pretrained writes: the model's name} for the weights transformers renames on saving (its checkpoint
+    conversion mapping, reverted by `save_original_format`: a VLM's `model.language_model.*` is saved as
+    `language_model.model.*`). Weights that a conversion splits or fuses (not a plain renaming) are not in it."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a transformers without conversion mappings saves the model's own names
+        return {}
+    reverted = revert_weight_conversion(model, dict(state))
+    by_identity = {id(tensor): name for name, tensor in state.items()}  # a renaming keeps the tensor object
+    return {saved: by_identity[id(tensor)] for saved, tensor in reverted.items() if id(tensor) in by_identity}
+
+
 def _load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load the save_pretrained files of a checkpoint into the (unwrapped) policy, exactly."""
     from safetensors.torch import load_file
@@ -382,6 +395,9 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
             raise CheckpointError(f"checkpoint {path}: {file.name} is unreadable ({type(error).__name__}: {error}). "
                                   f"{resume_fix(path)}") from error
     own = model.state_dict()
+    if not set(weights) <= set(own):  # save_pretrained wrote the family's original names (LLaVA, Qwen2-VL, Gemma 3 ...)
+        names = saved_names(model, own)
+        weights = {names.get(name, name): tensor for name, tensor in weights.items()}
     different = [f"{name}: saved {tuple(tensor.shape)}, model {tuple(own[name].shape)}"
                  for name, tensor in weights.items() if name in own and own[name].shape != tensor.shape]
     if different:
