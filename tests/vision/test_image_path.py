@@ -267,7 +267,7 @@ def test_save_model_and_checkpoints_save_the_processor(tmp_path):
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
 def test_a_run_with_images_resumes_exactly_from_its_full_weights(tmp_path, family):
     """save_pretrained writes a VLM's weights under the family's original names (LLaVA's `language_model.model.*`,
-    Qwen2-VL's `visual.*`); resuming maps them back to the model's (`run.checkpoint.saved_names`), so a run resumed
+    Qwen2-VL's `visual.*`); resuming maps them back to the model's (`model_loading.saved_names`), so a run resumed
     at step 1 ends on the weights of one that was not stopped."""
     def trainer(folder, **overrides):
         torch.manual_seed(0)  # the same starting weights (the stand-in leaves some to torch's default init)

@@ -38,6 +38,7 @@ from accelerate import Accelerator
 
 from rloo.config import ConfigError, RLOOConfig
 from rloo.dist.sharding import any_process, full_state_dict, local_tensor, sharding_of
+from rloo.model_loading import saved_names
 from rloo.run.random_states import random_state_problem
 
 logger = logging.getLogger(__name__)
@@ -353,19 +354,6 @@ def _check_saved_config(path: Path, args: RLOOConfig) -> None:
     if changed(LENGTH_FIELDS):
         logger.warning("resuming from %s with a changed run length (%s): the learning-rate schedule is rebuilt for "
                        "the new length.", path, "; ".join(changed(LENGTH_FIELDS)))
-
-
-def saved_names(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, str]:
-    """{name save_pretrained writes: the model's name} for the weights transformers renames on saving (its checkpoint
-    conversion mapping, reverted by `save_original_format`: a VLM's `model.language_model.*` is saved as
-    `language_model.model.*`). Weights that a conversion splits or fuses (not a plain renaming) are not in it."""
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:  # a transformers without conversion mappings saves the model's own names
-        return {}
-    reverted = revert_weight_conversion(model, dict(state))
-    by_identity = {id(tensor): name for name, tensor in state.items()}  # a renaming keeps the tensor object
-    return {saved: by_identity[id(tensor)] for saved, tensor in reverted.items() if id(tensor) in by_identity}
 
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:
