@@ -361,7 +361,7 @@ def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) 
     """The stage that renders rows with images through the processor (`data.images`); None for a text dataset.
     Refuses, by name, what the image path does not take: a tokenizer instead of a processor, a sampler other
     than `fast`, `generate` and colocated `vllm` (and `fast`, or shared_prefix_forward, for a model with 3-D
-    positions not verified here), multi-turn rollouts, and dynamic_sampling (docs/vision.md)."""
+    positions not verified here), and multi-turn rollouts (docs/vision.md)."""
     args, sampler, multi_turn = trainer.args, trainer.sampler, trainer.multi_turn
     column = image_column(trainer.train_dataset.column_names)
     if column is None:
@@ -388,9 +388,6 @@ def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) 
                           f"{mrope.model_type(policy)!r}): the shared-prefix pass gives the completion tokens their 3-D "
                           f"rotary positions (mrope) itself, which is verified for {', '.join(mrope.VERIFIED_MODEL_TYPES)} "
                           f"only; set shared_prefix_forward=False for this model (docs/vision.md).")
-    if args.dynamic_sampling:
-        raise ConfigError("dynamic_sampling=True with images in the prompts: dynamic sampling's refill rounds do not "
-                          "carry image inputs yet; leave it False.")
     return ImagePromptEncoder(processing_class, column, args.max_prompt_length,
                               image_token_id(policy.config, processing_class), dict(args.chat_template_kwargs or {}),
                               trainer.accelerator.device)

@@ -1,6 +1,7 @@
 """Models given by name are loaded as users load them: `RLOOConfig.model_init_kwargs` (TRL's name)
 goes to `from_pretrained` of the policy and of reward models, and a `quantization_config` turns a
 policy with a `peft_config` into QLoRA (k-bit base prepared for training, LoRA adapters on top).
+`saved_names` maps the names `save_pretrained` writes back to the model's, for a resume (`run.checkpoint`).
 """
 
 from __future__ import annotations
@@ -194,3 +195,16 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def saved_names(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """{name save_pretrained writes: the model's name} for the weights transformers renames on saving (its checkpoint
+    conversion mapping, reverted by `save_original_format`: a VLM's `model.language_model.*` is saved as
+    `language_model.model.*`). Weights that a conversion splits or fuses (not a plain renaming) are not in it."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a transformers without conversion mappings saves the model's own names
+        return {}
+    reverted = revert_weight_conversion(model, dict(state))
+    by_identity = {id(tensor): name for name, tensor in state.items()}  # a renaming keeps the tensor object
+    return {saved: by_identity[id(tensor)] for saved, tensor in reverted.items() if id(tensor) in by_identity}

@@ -136,7 +136,6 @@ def test_the_image_changes_the_logprobs_of_the_no_grad_and_training_passes(tmp_p
 @pytest.mark.parametrize(("overrides", "processing", "match"), [
     ({"sampler": "paged"}, "processor", "sampler='fast' or 'generate'"),
     ({"sampler": "vllm", "vllm_mode": "server"}, "processor", "with vllm_mode='server' does not take image inputs"),
-    ({"dynamic_sampling": True}, "processor", "dynamic_sampling=True"),
     ({}, "tokenizer", "not a multimodal processor"),
 ])
 def test_unsupported_combinations_are_refused_by_name(tmp_path, overrides, processing, match):
@@ -263,3 +262,27 @@ def test_save_model_and_checkpoints_save_the_processor(tmp_path):
     for folder in (tmp_path / "saved", tmp_path / "run" / "checkpoint-1"):
         loaded = AutoProcessor.from_pretrained(folder)
         assert type(loaded).__name__ == type(processor).__name__ and loaded.chat_template == processor.chat_template
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_a_run_with_images_resumes_exactly_from_its_full_weights(tmp_path, family):
+    """save_pretrained writes a VLM's weights under the family's original names (LLaVA's `language_model.model.*`,
+    Qwen2-VL's `visual.*`); resuming maps them back to the model's (`model_loading.saved_names`), so a run resumed
+    at step 1 ends on the weights of one that was not stopped."""
+    def trainer(folder, **overrides):
+        torch.manual_seed(0)  # the same starting weights (the stand-in leaves some to torch's default init)
+        return RLOOTrainer(standin_vlms.model(family), _length_reward,
+                           args=_config(tmp_path / folder, max_steps=2, sampler="fast", **overrides),
+                           train_dataset=standin_vlms.image_dataset(8), processing_class=standin_vlms.processor(family))
+
+    straight = trainer("a", save_steps=1)
+    straight.train()
+    from safetensors.torch import load_file
+
+    saved = set(load_file(str(tmp_path / "a" / "run" / "checkpoint-1" / "model.safetensors")))
+    assert not saved <= set(straight.model.state_dict())  # the original names, not the model's
+    resumed = trainer("b")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "run" / "checkpoint-1"))
+    assert resumed.global_step == 2
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)

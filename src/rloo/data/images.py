@@ -128,6 +128,31 @@ class VisionInputs:
         """Rows [start, start + size), as `Rollout.micro_batch` takes them."""
         return self.select(range(start, min(start + size, len(self.rows))))
 
+    @staticmethod
+    def concat(parts: list["VisionInputs"]) -> "VisionInputs":
+        """The rows of several batches in order, as one (dynamic sampling's kept groups of several rounds).
+
+        Each part's prompts that its rows use are kept (their tensors shared, not copied), renumbered in the order of
+        their first row; prompts no row uses (a dropped group's) are left out."""
+        first = parts[0]
+        per_prompt, rows, num_images, images, template_ids = [], [], [], [], []
+        for part in parts:
+            if (part.image_token_id, part.derive_token_types, part.token_types_name) != (
+                    first.image_token_id, first.derive_token_types, first.token_types_name):
+                raise RuntimeError("vision inputs of different image encoders cannot be concatenated.")
+            renumbered: dict[int, int] = {}
+            for prompt in part.rows:
+                if prompt not in renumbered:
+                    renumbered[prompt] = len(per_prompt)
+                    per_prompt.append(part.per_prompt[prompt])
+                    # The per-prompt lists a batch may leave empty (a VisionInputs built without them) stay empty.
+                    num_images += part.num_images[prompt: prompt + 1]
+                    images += part.images[prompt: prompt + 1]
+                    template_ids += part.template_ids[prompt: prompt + 1]
+                rows.append(renumbered[prompt])
+        return VisionInputs(per_prompt, rows, first.image_token_id, first.derive_token_types, first.token_types_name,
+                            num_images, images, template_ids)
+
     def model_kwargs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The keyword arguments a forward over these rows takes next to `input_ids` (len(rows), T):
         every vision tensor of every row's prompt, concatenated along dim 0 (one copy per row),
@@ -244,8 +269,14 @@ def logged_image_files(rows: list[dict[str, Any]], column: str, num_generations:
                        output_dir: str | Path) -> list[list[str] | None]:
     """log_multimodal: for each of the B = rows * K completions, the files of its prompt's images (written under
     output_dir/images/) for the first `num_rows` completions (the rows the completions table shows), None after."""
-    files: list[list[str] | None] = []
-    for index in range(len(rows) * num_generations):
-        row = rows[index // num_generations]
-        files.append(save_images(row_images(row, column), Path(output_dir) / "images") if index < num_rows else None)
-    return files
+    per_completion = [row.get(column) if column == "images" else [row.get(column)] for row in rows
+                      for _ in range(num_generations)]
+    return completion_image_files(per_completion, num_rows, output_dir)
+
+
+def completion_image_files(images: list[list[Any] | None], num_rows: int,
+                           output_dir: str | Path) -> list[list[str] | None]:
+    """`logged_image_files` from each completion's images as `Samples.images` holds them (a list per completion, as
+    the dataset holds them): the files of the first `num_rows` completions' images, None after."""
+    return [save_images([image for image in (row or []) if image is not None], Path(output_dir) / "images")
+            if index < num_rows else None for index, row in enumerate(images)]

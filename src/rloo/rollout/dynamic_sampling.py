@@ -7,6 +7,8 @@ whose scores differ, and generates more groups from freshly drawn prompts until 
 generation; if the cap is reached first, zero-spread groups of the first round fill the rest, so every
 optimizer step keeps its size. Each round's advantages are computed within that round (a group's
 RLOO baseline needs only its own group; whitening options whiten each round over itself).
+With images in the prompts, every round encodes its own prompts' images, its pi_old and pi_ref run with them,
+and the kept rows take their prompts' vision inputs along (`data.images.VisionInputs.concat`), row for row.
 
 The extra prompts of round r of rollout n are a pure function of (seed, n, r, process), so a
 resumed run draws the same ones. Logged, summed over processes: `dynamic_sampling/dropped_frac`
@@ -26,6 +28,7 @@ from accelerate import Accelerator
 
 from rloo.algo.group_filter import informative_groups
 from rloo.config import RLOOConfig
+from rloo.data.images import VisionInputs, completion_image_files
 from rloo.data.schedule import select_rows
 from rloo.rollout import Rollout, RolloutCollector, Samples
 
@@ -50,6 +53,8 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         tensors = [getattr(part, field.name) for part in parts]
         if field.name == "mismatch":
             values[field.name] = None if tensors[0] is None else _combine_mismatch(torch.stack(tensors))
+        elif field.name == "vision":  # each row keeps its own prompt's images (data.images.VisionInputs.concat)
+            values[field.name] = None if tensors[0] is None else VisionInputs.concat(tensors)
         elif tensors[0] is None:
             values[field.name] = None
         elif tensors[0].dim() == 1:
@@ -70,7 +75,12 @@ def select_rows_of(rollout: Rollout, rows: torch.Tensor) -> Rollout:
     values = {}
     for field in dataclasses.fields(Rollout):
         value = getattr(rollout, field.name)
-        values[field.name] = value if value is None or field.name == "mismatch" else value[rows.to(value.device)]
+        if value is None or field.name == "mismatch":
+            values[field.name] = value
+        elif field.name == "vision":
+            values[field.name] = value.select(rows.tolist())
+        else:
+            values[field.name] = value[rows.to(value.device)]
     return Rollout(**values)
 
 
@@ -84,7 +94,8 @@ def select_samples(samples: list[Samples], picks: list[tuple[int, int]]) -> Samp
     return Samples(prompts=[samples[r].prompts[i] for r, i in picks],
                    completions=[samples[r].completions[i] for r, i in picks], extra=extra,
                    metrics=dict(samples[0].metrics),
-                   turns=None if samples[0].turns is None else [samples[r].turns[i] for r, i in picks])
+                   turns=None if samples[0].turns is None else [samples[r].turns[i] for r, i in picks],
+                   images=None if samples[0].images is None else [samples[r].images[i] for r, i in picks])
 
 
 @dataclass
@@ -146,7 +157,17 @@ class DynamicSampler:
         stats = {"dynamic_sampling/dropped_frac": dropped / max(total, 1.0), "dynamic_sampling/extra_prompts": extra,
                  "dynamic_sampling/rounds": num_rounds / self.accelerator.num_processes,
                  "dynamic_sampling/zero_spread_kept": zero_kept}
-        return concat_rollouts(parts, self.pad_token_id), select_samples([s for _, s, _ in rounds], picks), stats
+        samples = select_samples([s for _, s, _ in rounds], picks)
+        self.relog_image_files(samples)
+        return concat_rollouts(parts, self.pad_token_id), samples, stats
+
+    def relog_image_files(self, samples: Samples) -> None:
+        """log_multimodal: the "image" column's files for the kept rows the completions table shows. Each round wrote
+        those of its own first rows, so a kept row from further down a round would have none."""
+        args = self.args
+        if samples.images is not None and args.log_completions and self.accelerator.is_main_process:
+            samples.extra["image"] = completion_image_files(samples.images, args.num_completions_to_print,
+                                                            args.output_dir)
 
 
 def zero_spread_message(step: int, num_generations: int, reward: float) -> str:

@@ -38,6 +38,7 @@ from accelerate import Accelerator
 
 from rloo.config import ConfigError, RLOOConfig
 from rloo.dist.sharding import any_process, full_state_dict, local_tensor, sharding_of
+from rloo.model_loading import saved_names
 from rloo.run.random_states import random_state_problem
 
 logger = logging.getLogger(__name__)
@@ -382,6 +383,9 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
             raise CheckpointError(f"checkpoint {path}: {file.name} is unreadable ({type(error).__name__}: {error}). "
                                   f"{resume_fix(path)}") from error
     own = model.state_dict()
+    if not set(weights) <= set(own):  # save_pretrained wrote the family's original names (LLaVA, Qwen2-VL, Gemma 3 ...)
+        names = saved_names(model, own)
+        weights = {names.get(name, name): tensor for name, tensor in weights.items()}
     different = [f"{name}: saved {tuple(tensor.shape)}, model {tuple(own[name].shape)}"
                  for name, tensor in weights.items() if name in own and own[name].shape != tensor.shape]
     if different:
