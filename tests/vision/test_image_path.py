@@ -135,7 +135,6 @@ def test_the_image_changes_the_logprobs_of_the_no_grad_and_training_passes(tmp_p
 
 @pytest.mark.parametrize(("overrides", "processing", "match"), [
     ({"sampler": "paged"}, "processor", "sampler='fast' or 'generate'"),
-    ({"sampler": "vllm", "vllm_mode": "server"}, "processor", "with vllm_mode='server' does not take image inputs"),
     ({"dynamic_sampling": True}, "processor", "dynamic_sampling=True"),
     ({}, "tokenizer", "not a multimodal processor"),
 ])
