@@ -360,8 +360,8 @@ def build_multi_turn(trainer: Any, tools: Sequence[Any] | None, environment_fact
 def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) -> ImagePromptEncoder | None:
     """The stage that renders rows with images through the processor (`data.images`); None for a text dataset.
     Refuses, by name, what the image path does not take: a tokenizer instead of a processor, a sampler other
-    than `fast`, `generate` and colocated `vllm` (and `fast`, or shared_prefix_forward, for a model with 3-D
-    positions not verified here), and multi-turn rollouts (docs/vision.md)."""
+    than `fast`, `generate` and `vllm` (and `fast`, or shared_prefix_forward, for a model with 3-D positions not
+    verified here), and multi-turn rollouts (docs/vision.md)."""
     args, sampler, multi_turn = trainer.args, trainer.sampler, trainer.multi_turn
     column = image_column(trainer.train_dataset.column_names)
     if column is None:
@@ -370,14 +370,10 @@ def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) 
         raise ConfigError(f"train_dataset has an {column!r} column, so the prompts carry images, and processing_class "
                           f"is {type(processing_class).__name__}, not a multimodal processor. Pass the model's "
                           f"processor: RLOOTrainer(processing_class=AutoProcessor.from_pretrained(model_id)).")
-    takes_images = (isinstance(sampler, (FastSampler, GenerateSampler))
-                    or (args.sampler == "vllm" and args.vllm_mode == "colocate"))
-    if not takes_images:
-        mode = f" with vllm_mode={args.vllm_mode!r}" if args.sampler == "vllm" else ""
-        raise ConfigError(f"prompts with images are sampled by sampler='fast' (the default), 'generate' or 'vllm' with "
-                          f"vllm_mode='colocate' only; the {args.sampler!r} sampler ({type(sampler).__name__}){mode} does "
-                          f"not take image inputs. Set sampler='fast' or 'generate' (docs/vision.md lists what each "
-                          f"sampler supports).")
+    if not (isinstance(sampler, (FastSampler, GenerateSampler)) or args.sampler == "vllm"):
+        raise ConfigError(f"prompts with images are sampled by sampler='fast' (the default), 'generate' or 'vllm' only; "
+                          f"the {args.sampler!r} sampler ({type(sampler).__name__}) does not take image inputs. Set "
+                          f"sampler='fast' or 'generate' (docs/vision.md lists what each sampler supports).")
     if isinstance(sampler, FastSampler):
         refuse_3d_positions(policy)  # 3-D positions not verified (mrope.VERIFIED_MODEL_TYPES): sampler='generate'
     if multi_turn is not None:

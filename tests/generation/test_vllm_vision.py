@@ -144,6 +144,30 @@ def test_each_row_is_sampled_with_its_own_prompts_image(setup):
     assert own < 1e-4 and other > 1e-2
 
 
+def two_images_a_prompt(sampler, model):
+    """(own, swapped): the largest |engine - training pass| log-prob gap of K samples of two prompts with two images
+    each, scored with each prompt's images in order, and in the other order. Shared with the server test."""
+    pairs = [{"prompt": [{"role": "user", "content": "Which has more squares?" + " Count." * i}],
+              "images": images(2, seed=10 + i)} for i in range(2)]
+    prompt_ids, vision = ImagePromptEncoder(idefics3_processor(), "images", 512, IMAGE_TOKEN).encode(pairs)
+    assert vision.num_images == [2, 2]
+    rows_vision = vision.repeat(K)
+    batch = sampler.sample(model, prompt_ids, K, vision=rows_vision)
+    swapped = rows_vision.select(range(len(rows_vision.rows)))
+    swapped.per_prompt = [{name: value.flip(1) if value.dim() > 1 else value for name, value in tensors.items()}
+                          for tensors in vision.per_prompt]  # each prompt's two images in the other order
+    return gap_to_engine(model, batch, rows_vision), gap_to_engine(model, batch, swapped)
+
+
+def test_several_images_per_prompt(setup):
+    """An `images` column of two images a row: the engine gets both, in order (scored with them swapped, the
+    log-probs move)."""
+    model, sampler, _, _ = setup
+    own, other = two_images_a_prompt(sampler, model)
+    print(f"two images a prompt: own {own:.2e}, the images swapped {other:.2e}")
+    assert own < 1e-4 and other > 1e-2
+
+
 def test_weights_pushed_after_a_step_reach_the_vision_tower_too(setup):
     model, sampler, prompt_ids, vision = setup
     sampler.sample(model, prompt_ids, 1, vision=vision.repeat(1))

@@ -228,8 +228,9 @@ def is_processor(processing_class: Any) -> bool:
         processing_class, "image_processor")
 
 
-# Module names of the vision side of the VLM families transformers ships (tower and projector).
-VISION_MODULES = r".*(vision_tower|vision_model|visual|multi_modal_projector|vision_embed).*"
+# Module names of the vision side of the VLM families transformers ships (tower and projector; `connector` is
+# Idefics3's and SmolVLM's projector).
+VISION_MODULES = r".*(vision_tower|vision_model|visual|multi_modal_projector|vision_embed|connector).*"
 
 
 def language_model_only(peft_config: Any, model: Any) -> Any:

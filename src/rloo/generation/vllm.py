@@ -17,11 +17,13 @@ correction (algo.importance). For them to be the log-probs of the distribution s
 top-k/top-p applied), the engine runs with
 `logprobs_mode="processed_logprobs"` (the server: `--logprobs-mode processed_logprobs`).
 
-Prompts with images (colocate only; docs/vision.md): each distinct prompt goes to the engine once, with n=K, as
-its chat-template ids with one placeholder per image and `multi_modal_data={"image": ...}`; the engine expands
-the placeholders itself, and the prompt it ran must equal the processor's expanded ids that the training passes
-run (checked, or the batch is refused). The image token gets a logit bias of -inf, so it is never drawn (as the
-other samplers suppress it); the engine's log-probs are then those of that distribution.
+Prompts with images (docs/vision.md): each distinct prompt goes to the engine once, with n=K, as its chat-template
+ids with one placeholder per image and `multi_modal_data={"image": ...}` (`vllm_images.image_requests`); the engine expands the
+placeholders itself, and the prompt it ran must equal the processor's expanded ids that the training passes run
+(`vllm_images.check_expanded`, or the batch is refused). The image token gets a logit bias of -inf, so it is never drawn (as
+the other samplers suppress it); the engine's log-probs are then those of that distribution. A weight push resets
+the engine's encoder cache with its prefix cache. The server (vllm_server.py) runs the same `ColocatedEngine`; its
+client (vllm_client.py) sends the images as PNG and runs `check_expanded` on the prompt ids the server returns.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 from rloo.config import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, batch_from_token_lists
 from rloo.generation.fast import per_prompt_rows
+from rloo.generation.vllm_images import check_expanded, image_requests
 
 
 class Engine(Protocol):
@@ -48,9 +51,9 @@ class Engine(Protocol):
         """For each prompt, n (token ids, per-token log-probs) completions."""
         ...
 
-    # Engines that take images (ColocatedEngine) also have
+    # Engines that take images (ColocatedEngine, HTTPEngine) also have
     # generate_with_images(prompts, images, expanded, n, params): `prompts` the chat-template ids (placeholders not
-    # expanded), `images` each prompt's PIL images, `expanded` the ids the engine must end up running.
+    # expanded), `images` each prompt's PIL images, `expanded` the ids the engine must end up running (check_expanded).
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None: ...
 
@@ -180,19 +183,18 @@ class ColocatedEngine:
         return self._completions(outputs)
 
     def generate_with_images(self, prompts, images, expanded, n, params):
+        grouped, ran = self.run_with_images(prompts, images, n, params)
+        check_expanded(ran, expanded)
+        return grouped
+
+    def run_with_images(self, prompts, images, n, params):
+        """(completions as `generate` gives them, the prompt ids the engine ran, placeholders expanded): the server
+        returns both, and its client checks them (`check_expanded`)."""
         from vllm import SamplingParams
 
         sampling = SamplingParams(n=n, logprobs=0, **params)
-        requests = [{"prompt_token_ids": ids, "multi_modal_data": {"image": imgs if len(imgs) > 1 else imgs[0]}}
-                    for ids, imgs in zip(prompts, images)]
-        outputs = self.llm.generate(requests, sampling_params=sampling, use_tqdm=False)
-        for index, (request, want) in enumerate(zip(outputs, expanded)):
-            if list(request.prompt_token_ids) != list(want):
-                raise RuntimeError(f"vLLM expanded prompt {index}'s image placeholders into {len(request.prompt_token_ids)} "
-                                   f"ids, not the processor's {len(want)}: the training passes would score its completions "
-                                   f"against another prompt. This model's processor and vLLM's disagree; use "
-                                   f"sampler='fast' or 'generate' for it.")
-        return self._completions(outputs)
+        outputs = self.llm.generate(image_requests(prompts, images), sampling_params=sampling, use_tqdm=False)
+        return self._completions(outputs), [list(request.prompt_token_ids) for request in outputs]
 
     @staticmethod
     def _completions(outputs):
@@ -294,8 +296,8 @@ class VLLMSampler(SamplingSettings):
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
                vision: Any = None) -> SampledBatch:
-        """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, groups of K contiguous),
-        colocate only: each distinct prompt is sent once with its images."""
+        """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, groups of K contiguous):
+        each distinct prompt is sent once with its images."""
         params = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1,
                       min_p=self.min_p, max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_token_ids),
                       **self.generation_kwargs)
@@ -312,8 +314,8 @@ class VLLMSampler(SamplingSettings):
             if vision is None:
                 grouped = self.engine.generate(prompts, num_generations, params)
             elif not hasattr(self.engine, "generate_with_images"):
-                raise ConfigError(f"prompts with images need vllm_mode='colocate'; the {type(self.engine).__name__} "
-                                  f"engine (vllm_mode={getattr(self.args, 'vllm_mode', None)!r}) does not take images.")
+                raise ConfigError(f"the {type(self.engine).__name__} engine has no generate_with_images, so it does not "
+                                  f"take prompts with images; rloo's engines (vllm_mode='colocate' or 'server') do.")
             else:
                 grouped = self.engine.generate_with_images([vision.template_ids[p] for p in firsts],
                                                            [vision.images[p] for p in firsts], prompts,

@@ -1,15 +1,20 @@
-"""The trainer's side of `rloo vllm-serve` (generation/vllm_server.py): generation and weight pushes
-over HTTP, each call bounded by vllm_server_timeout.
+"""The trainer's side of `rloo vllm-serve` (generation/vllm_server.py): generation and weight pushes over HTTP,
+each call bounded by vllm_server_timeout.
 
-Only the main process pushes weights (DDP keeps every process's copy identical); every process
-generates its own prompts. Weights travel as safetensors chunks of about `chunk_bytes` (smaller where the
-server's --max_chunk_mb is), so no NCCL is needed and a CPU machine can run both sides. A push that the
-server's bounds would refuse (a tensor over --max_chunk_mb, a model over --max_pending_mb) is refused here
-before anything is sent. With RLOO_VLLM_TOKEN in the environment, every request carries that token.
+Only the main process pushes weights (DDP keeps every process's copy identical); every process generates its
+own prompts. Prompts with images go with their images as base64 PNG (lossless: the server's engine gets the
+pixels the training passes see), each distinct prompt once; the server answers with the prompt ids its engine
+ran, checked here against the processor's (`check_expanded`, as the colocated engine does). Weights travel as
+safetensors chunks of about `chunk_bytes` (smaller where the server's --max_chunk_mb is), so no NCCL is needed
+and a CPU machine can run both sides. A push that the server's bounds would refuse (a tensor over
+--max_chunk_mb, a model over --max_pending_mb) is refused here before anything is sent. With RLOO_VLLM_TOKEN
+in the environment, every request carries that token.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import socket
@@ -20,6 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
+from rloo.generation.vllm_images import check_expanded
 from rloo.generation.vllm_server_guards import TOKEN_ENV
 
 CHUNK_BYTES = 256 * 2**20
@@ -104,9 +110,26 @@ class HTTPEngine:
                 f"requests over its size limits and clients that stall (its log names which), or it stopped.")
 
     def generate(self, prompts, n, params):
-        body = json.dumps({"prompts": prompts, "n": n, "params": params}).encode()
-        grouped = self.call("POST", "/generate", body)["completions"]
+        grouped = self._generate({"prompts": prompts, "n": n, "params": params})["completions"]
         return [[(ids, logps) for ids, logps in group] for group in grouped]
+
+    def generate_with_images(self, prompts, images, expanded, n, params):
+        reply = self._generate({"prompts": prompts, "images": [[png_base64(image) for image in each] for each in images],
+                                "n": n, "params": params})
+        check_expanded(reply["prompt_ids"], expanded)
+        return [[(ids, logps) for ids, logps in group] for group in reply["completions"]]
+
+    def _generate(self, request: dict) -> dict:
+        """POST /generate, refused here (nothing sent) when the body is over the server's --max_request_mb (known from
+        its /health once `build` or a weight push asked)."""
+        body = json.dumps(request).encode()  # logit_bias's -inf goes as -Infinity, which the server's json reads
+        limit = (self._limits or {}).get("request_bytes")
+        if limit is not None and len(body) > limit:
+            raise ServerError(f"a /generate request of {len(body) / 2**20:.1f} MiB ({len(request['prompts'])} prompts"
+                              f"{', with their images' if 'images' in request else ''}) is over the largest the vLLM "
+                              f"server at {self.url} takes ({limit / 2**20:.1f} MiB): restart `rloo vllm-serve` with a "
+                              f"larger --max_request_mb, or lower per_device_train_batch_size.")
+        return self.call("POST", "/generate", body)
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         if self.is_main_process:
@@ -170,3 +193,10 @@ def _encode(weights: list[tuple[str, torch.Tensor]]) -> bytes:
     from safetensors.torch import save
 
     return save({name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in weights})
+
+
+def png_base64(image: Any) -> str:
+    """A PIL image as base64 PNG text (lossless)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")

@@ -9,6 +9,10 @@ Endpoints (JSON unless said otherwise):
     GET  /health          -> {"model": ..., "vllm": version, "token_required": bool, "limits": {ServerLimits}}
     POST /generate        {"prompts": [[token ids]], "n": K, "params": {SamplingParams keys}}
                           -> {"completions": [[[ids, logprobs] x K] per prompt]}
+                          With "images": [[base64 PNG, ...] per prompt], the prompts are chat-template ids with one
+                          placeholder per image, sent to the engine as multi_modal_data (the colocated engine's
+                          `run_with_images`); the reply adds "prompt_ids": the ids the engine ran, placeholders
+                          expanded, which the client checks against the processor's (generation/vllm.py check_expanded).
     POST /weights?push=ID&index=I&final=0|1   body: one safetensors chunk of (name -> tensor); the chunks
                           of push ID (I = 0, 1, ...) are kept until the final one, then loaded together.
 
@@ -21,6 +25,9 @@ What a client can make it do is bounded (docs/launching.md, "Running the server 
   answers while a weight chunk is in transit; the engine runs one generation or weight load at a time (a lock);
 - one push is assembled at a time, within `--max_pending_chunks` chunks and `--max_pending_mb` bytes: a chunk
   over either bound is refused (413) and its push dropped; the first chunk of a new push drops an unfinished one.
+- a /generate body is checked field by field before the engine sees it (400 naming the field); its images must be
+  base64 PNGs, decoded one request at a time (under the engine's lock) and within `--max_image_megapixels` pixels
+  together, counted from their headers before any pixel is decoded (413).
 
 Start it with `rloo vllm-serve --model PATH [--host 127.0.0.1] [--port 8000]` (or
 `python -m rloo.generation.vllm_server`).
@@ -45,7 +52,16 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 
-from rloo.generation.vllm_server_guards import MB, TOKEN_ENV, PendingPush, Refused, ServerLimits, half_the_memory
+from rloo.generation.vllm_server_guards import (
+    MB,
+    TOKEN_ENV,
+    GenerateRequest,
+    PendingPush,
+    Refused,
+    ServerLimits,
+    decode_images,
+    half_the_memory,
+)
 
 
 class WeightServer(ThreadingHTTPServer):
@@ -189,14 +205,20 @@ class EngineHandler(BaseHTTPRequestHandler):
             self._reply(500, {"error": f"{type(error).__name__}: {error}"})
 
     def _generate(self, body: bytes) -> None:
-        try:
-            request = json.loads(body)
-            prompts, n, params = request["prompts"], request["n"], request["params"]
-        except (ValueError, KeyError, TypeError) as error:
-            raise Refused(400, f"a /generate body must be JSON with prompts, n and params: {type(error).__name__}: {error}")
-        with self.server.engine_lock:
-            grouped = self.server.engine.generate(prompts, n, params)
-        self._reply(200, {"completions": [[[ids, logps] for ids, logps in group] for group in grouped]})
+        request = GenerateRequest.parse(body)
+        engine = self.server.engine
+        with self.server.engine_lock:  # images decoded here too: one request's pixels in memory at a time
+            if request.images is None:
+                grouped, ran = engine.generate(request.prompts, request.n, request.params), None
+            else:
+                if not hasattr(engine, "run_with_images"):
+                    raise Refused(400, f"this server's engine ({type(engine).__name__}) does not take images")
+                images = decode_images(request.images, self.server.limits.image_pixels)
+                grouped, ran = engine.run_with_images(request.prompts, images, request.n, request.params)
+        reply = {"completions": [[[ids, logps] for ids, logps in group] for group in grouped]}
+        if ran is not None:
+            reply["prompt_ids"] = ran
+        self._reply(200, reply)
 
     def _receive_weights(self, query: dict[str, list[str]]) -> None:
         from safetensors.torch import load
@@ -276,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a client may stall mid-request before it is dropped (default %(default)s)")
     parser.add_argument("--max_connections", type=int, default=defaults.connections,
                         help="open connections served at once (default %(default)s); more are answered 503")
+    parser.add_argument("--max_image_megapixels", type=float, default=defaults.image_pixels / MB,
+                        help="most pixels (in units of 2**20) of the images of one /generate request, together "
+                             "(default %(default)s)")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -283,14 +308,15 @@ def build_parser() -> argparse.ArgumentParser:
 def limits_from(args: argparse.Namespace) -> ServerLimits:
     """The ServerLimits the flags ask for; a non-positive value is an error naming its flag."""
     for flag in ("max_request_mb", "max_chunk_mb", "max_pending_chunks", "max_pending_mb", "socket_timeout",
-                 "max_connections"):
+                 "max_connections", "max_image_megapixels"):
         value = getattr(args, flag)
         if value is not None and not value > 0:
             raise SystemExit(f"rloo vllm-serve: --{flag} must be > 0, got {value}")
     pending = int(args.max_pending_mb * MB) if args.max_pending_mb is not None else half_the_memory()
     return ServerLimits(request_bytes=int(args.max_request_mb * MB), chunk_bytes=int(args.max_chunk_mb * MB),
                         pending_chunks=args.max_pending_chunks, pending_bytes=pending,
-                        socket_timeout=args.socket_timeout, connections=args.max_connections)
+                        socket_timeout=args.socket_timeout, connections=args.max_connections,
+                        image_pixels=int(args.max_image_megapixels * MB))
 
 
 def is_loopback(host: str) -> bool:

@@ -1,12 +1,19 @@
 """What one client can make `rloo vllm-serve` (generation/vllm_server.py) do, hold or wait for: the token's
-environment variable, the server's limits, and the weight push it assembles, bounded in chunks and bytes.
+environment variable, the server's limits, the weight push it assembles, bounded in chunks and bytes, and the
+/generate request, checked field by field, its images (PNG, base64) decoded within a bound on their pixels.
 No HTTP here (the server's request handler calls in), so the trainer's side imports it without the server."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
+import json
+import math
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,6 +39,7 @@ class ServerLimits:
     pending_bytes: int = field(default_factory=half_the_memory)  # their bodies, together
     socket_timeout: float = 30.0  # a client silent this long mid-request is dropped
     connections: int = 64  # open connections; more are answered 503 and closed
+    image_pixels: int = 128 * MB  # the images of one /generate request, together, decoded (RGB: 3 bytes a pixel)
 
 
 class Refused(Exception):
@@ -111,3 +119,86 @@ class PendingPush:
         with self._lock:
             if self.push_id == push_id:
                 self._reset(None)
+
+
+@dataclass
+class GenerateRequest:
+    """A /generate body, checked: `prompts` token ids, `n` completions each, vLLM `params`; with `images` (one list
+    per prompt, each image a base64 PNG, not decoded yet: `decode_images`), the prompts are chat-template ids whose
+    image placeholders the engine expands."""
+
+    prompts: list[list[int]]
+    n: int
+    params: dict[str, Any]
+    images: list[list[str]] | None = None
+
+    @classmethod
+    def parse(cls, body: bytes) -> "GenerateRequest":
+        """The request, or Refused(400) naming the field that is wrong."""
+        try:
+            request = json.loads(body)
+            prompts, n, params = request["prompts"], request["n"], request["params"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise Refused(400, f"a /generate body must be JSON with prompts, n and params: {type(error).__name__}: {error}")
+        if not isinstance(prompts, list) or not all(isinstance(p, list) and p and all(_is_id(t) for t in p)
+                                                     for p in prompts):
+            raise Refused(400, "prompts must be a list of non-empty lists of token ids (integers >= 0)")
+        if not _is_id(n) or n < 1:
+            raise Refused(400, f"n must be an integer >= 1, got {n!r}")
+        if not isinstance(params, dict):
+            raise Refused(400, f"params must be a JSON object of vLLM SamplingParams fields, got {type(params).__name__}")
+        params = dict(params)
+        if params.get("logit_bias") is not None:  # JSON object keys are strings; vLLM's SamplingParams wants token ids
+            bias = params["logit_bias"]
+            if not isinstance(bias, dict) or not all(k.isdigit() and _is_bias(v) for k, v in bias.items()):
+                raise Refused(400, "params.logit_bias must map token ids to numbers (-Infinity allowed; not NaN or "
+                                   "+Infinity)")
+            params["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
+        images = request.get("images")
+        if images is not None:
+            if not isinstance(images, list) or len(images) != len(prompts) or not all(
+                    isinstance(each, list) and all(isinstance(image, str) for image in each) for each in images):
+                raise Refused(400, f"images must be one list per prompt ({len(prompts)} lists) of base64 PNG strings")
+        return cls(prompts, n, params, images)
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_bias(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value) and value != math.inf
+
+
+def decode_images(images: list[list[str]], max_pixels: int) -> list[list[Any]]:
+    """The PIL (RGB) images of a /generate request, per prompt. Each must be a base64 PNG; their sizes, read from
+    the headers before any pixel is decoded, must total at most `max_pixels` (--max_image_megapixels). Anything
+    else is Refused(400, or 413 over the bound), naming the image."""
+    from PIL import Image
+
+    opened, total = [], 0
+    for p, each in enumerate(images):
+        for i, text in enumerate(each):
+            where = f"image {i} of prompt {p}"
+            try:
+                data = base64.b64decode(text, validate=True)
+            except (binascii.Error, ValueError) as error:
+                raise Refused(400, f"{where} is not base64: {error}") from None
+            try:
+                image = Image.open(io.BytesIO(data), formats=["PNG"])
+            except Exception as error:  # PIL raises several kinds for data that is not an image it reads
+                raise Refused(400, f"{where} is not a PNG image: {type(error).__name__}: {error}") from None
+            total += image.width * image.height
+            if total > max_pixels:
+                raise Refused(413, f"the images of this request have over {max_pixels} pixels together ({where} is "
+                                   f"{image.width}x{image.height}), over this server's limit (--max_image_megapixels); "
+                                   f"send fewer prompts per request or smaller images")
+            opened.append((p, where, image))
+    decoded: list[list[Any]] = [[] for _ in images]
+    for p, where, image in opened:
+        try:
+            image.load()
+            decoded[p].append(image.convert("RGB") if image.mode != "RGB" else image)
+        except Exception as error:  # truncated or corrupt pixel data
+            raise Refused(400, f"{where} is not a readable PNG image: {type(error).__name__}: {error}") from None
+    return decoded
