@@ -20,7 +20,7 @@ from rloo.generation.base import left_pad
 from rloo.generation.kv_cache import append_in_place_cache
 
 QWEN_VL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"]  # 3-D rotary positions (mrope)
-FAMILIES = ["gemma3", "llava", "llava_next", *QWEN_VL]
+FAMILIES = ["gemma3", "gemma4", "llava", "llava_next", *QWEN_VL]
 K = 3
 
 
