@@ -1,5 +1,5 @@
 """The image path end to end (data.images): rows with images through the processor, sampling, the no-grad
-passes, the training pass and the reward functions, on tiny Gemma 3 and LLaVA-NeXT models."""
+passes, the training pass and the reward functions, on tiny Gemma 3, Gemma 4 and LLaVA-NeXT models."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _length_reward(completions, **kwargs):
     return [float(len(c[0]["content"])) for c in completions]
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llava_next"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "llava_next"])
 def test_train_with_images_runs_and_rewards_get_them(tmp_path, family):
     seen = []
 
@@ -122,7 +122,7 @@ def _other_images(vision, seed):
     return dataclasses.replace(vision, per_prompt=fresh)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llava_next"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "llava_next"])
 def test_the_image_changes_the_logprobs_of_the_no_grad_and_training_passes(tmp_path, family, monkeypatch):
     trainer = RLOOTrainer(standin_vlms.model(family), _length_reward, args=_config(tmp_path, beta=0.1),
                           train_dataset=standin_vlms.image_dataset(4), processing_class=standin_vlms.processor(family))
