@@ -93,7 +93,7 @@ def _count_images(model, calls):
         lambda module, args, kwargs: calls.append((args or (kwargs["pixel_values"],))[0].shape[0]), with_kwargs=True)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llava", "qwen2_vl"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "llava", "qwen2_vl"])
 def test_the_prefill_runs_each_prompts_images_once_and_the_fallback_each_rows(family, monkeypatch):
     """One vision-tower call of N images for N prompts x K completions; cache layers that cannot repeat rows
     take one prefill per completion, each with its own image (Qwen2-VL: and its own rope delta), and sample the

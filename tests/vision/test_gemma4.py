@@ -56,3 +56,42 @@ def test_the_fast_samplers_logprobs_equal_the_training_pass_with_the_softcap():
     mask = sampled.completion_mask.bool()
     assert mask.sum() > K
     torch.testing.assert_close(sampled.logprobs[mask], logps[mask], atol=1e-4, rtol=1e-4)
+
+
+def test_a_sliding_window_shorter_than_the_prompt():
+    """Gemma 4's sliding layers with a window of 16 tokens (the prompts are ~100, each image 63-70 soft tokens; the
+    checkpoints' windows are 512 and 1024): the fast sampler's KV cache keeps what the window sees, so greedy decoding
+    gives `generate`'s tokens and the sampled tokens' log-probs are the training pass's."""
+    import transformers
+
+    from rloo.generation.base import left_pad
+
+    standin = standin_vlms._standin("gemma4")
+    config = transformers.Gemma4Config(**{**standin.config, "text_config": {**standin.config["text_config"],
+                                                                             "sliding_window": 16}})
+    model = transformers.Gemma4ForConditionalGeneration(config)
+    standin_vlms.vlm_standins.init_small_weights(model, 0)
+    model.eval()
+    tokenizer, prompt_ids, vision = _encoded("gemma4", model)
+    assert min(map(len, prompt_ids)) > 4 * 16
+    fast = _sampler(tokenizer, do_sample=False, max_new_tokens=12).sample(model, prompt_ids, K, vision=vision)
+    ids, mask = left_pad([p for p in prompt_ids for _ in range(K)], tokenizer.pad_token_id)
+    generated = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                               eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
+                               suppress_tokens=[vision.image_token_id], **vision.model_kwargs(ids))[:, ids.shape[1]:]
+    width = fast.completion_ids.shape[1]
+    assert torch.equal(fast.completion_ids, generated[:, :width].masked_fill(fast.completion_mask == 0,
+                                                                             tokenizer.pad_token_id))
+    torch.manual_seed(0)
+    sampled = _sampler(tokenizer, max_new_tokens=12).sample(model, prompt_ids, K, vision=vision)
+    input_ids = torch.cat([sampled.prompt_ids, sampled.completion_ids], dim=1)
+    attention_mask = torch.cat([sampled.prompt_mask, sampled.completion_mask], dim=1)
+    with torch.no_grad():
+        logps, _ = completion_logprobs(model, input_ids, attention_mask, sampled.completion_ids.shape[1],
+                                       model_inputs=vision.model_kwargs(input_ids))
+        config.text_config.sliding_window = 512  # the window matters: the same rows score otherwise with a wide one
+        wide, _ = completion_logprobs(model, input_ids, attention_mask, sampled.completion_ids.shape[1],
+                                      model_inputs=vision.model_kwargs(input_ids))
+    mask = sampled.completion_mask.bool()
+    torch.testing.assert_close(sampled.logprobs[mask], logps[mask], atol=1e-5, rtol=1e-5)
+    assert (wide[mask] - logps[mask]).abs().max() > 1e-3
