@@ -98,6 +98,7 @@ def model(family: str, seed: int = 0) -> torch.nn.Module:
     text = config.get_text_config()
     if getattr(text, "layer_types", None) is not None:
         text.layer_types = text.layer_types[: text.num_hidden_layers]
+    torch.manual_seed(seed)  # the weights init_small_weights leaves alone (convolutions) come from the global RNG
     built = getattr(transformers, standin.model_class)(config)
     vlm_standins.init_small_weights(built, seed)
     for parameter in built.parameters():  # Gemma 3's projector is a bare zero-initialised matrix: the image would not count
