@@ -9,7 +9,7 @@ import standin_vlms  # noqa: E402
 
 from rloo.data.images import ImagePromptEncoder  # noqa: E402
 
-for family in ("gemma3", "llava_next"):
+for family in ("gemma3", "gemma4", "llava_next"):
     processor = standin_vlms.processor(family)
     encoder = ImagePromptEncoder(processor, "image", 100_000, None)
     row = {"prompt": [{"role": "user", "content": "How many squares?"}], "image": standin_vlms.images(1)[0]}
