@@ -20,7 +20,7 @@ from rloo.algo.prefix_logprobs import grouped_completion_logprobs, shares_image_
 from rloo.data.images import ImagePromptEncoder, image_token_id  # noqa: E402
 
 K = 8
-STANDINS = [("gemma3", {}), ("llava", {}), ("llava_next", {}), ("qwen2_vl", {}), ("qwen3_5", {})]
+STANDINS = [("gemma3", {}), ("gemma4", {}), ("llava", {}), ("llava_next", {}), ("qwen2_vl", {}), ("qwen3_5", {})]
 
 
 def tower_input_mib(model, run) -> float:

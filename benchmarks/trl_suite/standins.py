@@ -29,7 +29,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 ORG = "trl-internal-testing"
 REVISION = "0" * 39 + "1"  # the snapshot name the cache's refs/main points at
-BUILD_VERSION = "8"  # bump when a stand-in changes, so that cached copies are rebuilt
+BUILD_VERSION = "9"  # bump when a stand-in changes, so that cached copies are rebuilt
 
 CHATML = (
     "{% for message in messages %}"

@@ -48,6 +48,19 @@ GEMMA_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
 )
+# Gemma 4's turns: <|turn>role ... <turn|>, the assistant as "model", text parts trimmed, an image as <|image|> (the
+# processor expands it to <|image> + one <|image|> per soft token + <image|>). Thinking and tools left out.
+GEMMA4_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|image|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] | trim }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<turn|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif %}"
+)
 MISTRAL_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{% if message['role'] == 'user' %}{{ '[INST] ' }}"
@@ -94,6 +107,7 @@ class VLMStandIn:
     image_processor_kwargs: dict = field(default_factory=dict)
     float32_params: tuple[str, ...] = ()  # parameters the real checkpoint keeps in float32
     needs: tuple[str, ...] = ()  # modules the processor class needs (Qwen's video processor: torchvision)
+    feature_extractor_class: str | None = None  # the audio feature extractor of processors that take one (Gemma 4)
 
 
 def _qwen_vl_tokens(vocab_size: int, base: int, eos: str = "<|im_end|>") -> TokenizerSpec:
@@ -116,11 +130,13 @@ GEMMA3_TOKENS = TokenizerSpec(
     eos="<end_of_turn>", pad="<pad>", bos="<bos>", add_bos=False,
     chat_template=GEMMA_TEMPLATE.replace("IMAGE", "'<start_of_image>'"),
     named={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"})
-GEMMA4_TOKENS = TokenizerSpec(
-    262144, {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<start_of_turn>": 105, "<end_of_turn>": 106,
-             "<|image>": 255999, "<image|>": 258882, "<|image|>": 258880, "<|video|>": 258884},
-    eos="<end_of_turn>", pad="<pad>", bos="<bos>", chat_template=GEMMA_TEMPLATE.replace("IMAGE", "'<|image|>'"),
-    named={"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>"})
+GEMMA4_TOKENS = TokenizerSpec(  # Gemma 4's turn markers and its image, audio and video tokens at Gemma4Config's ids
+    262144, {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<|turn>": 105, "<turn|>": 106, "<|image>": 255999,
+             "<|audio>": 256000, "<|image|>": 258880, "<|audio|>": 258881, "<image|>": 258882, "<audio|>": 258883,
+             "<|video|>": 258884},
+    eos="<turn|>", pad="<pad>", bos="<bos>", chat_template=GEMMA4_TEMPLATE,
+    named={"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>", "boa_token": "<|audio>",
+           "eoa_token": "<audio|>", "audio_token": "<|audio|>"})  # Gemma4Processor refuses a tokenizer without boa/eoa
 LLAVA_NEXT_TOKENS = TokenizerSpec(32064, {"<unk>": 0, "<s>": 1, "</s>": 2, "<image>": 32000}, eos="</s>", pad="<unk>",
                                   bos="<s>", chat_template=MISTRAL_TEMPLATE, named={"image_token": "<image>"})
 
@@ -150,6 +166,22 @@ VLM_STANDINS = [
                 "mm_tokens_per_image": 16},
                processor_kwargs={"image_seq_length": 16},
                image_processor_kwargs={"size": {"height": 224, "width": 224}}),
+    # Gemma 4 (TRL's id is built from gemma-4-E2B-it): a sliding-attention layer then a full-attention one (the family
+    # interleaves them; the last is always full), per-layer inputs (PLE) of width 4, bidirectional attention among an
+    # image's tokens in the sliding layers (`use_bidirectional_attention="vision"`, as Gemma 4's larger checkpoints),
+    # no audio tower. Images: 16-pixel patches pooled 3x3, at most 70 soft tokens an image (the smallest budget the
+    # image processor takes, as in TRL's tiny model).
+    VLMStandIn("tiny-Gemma4ForConditionalGeneration", "Gemma4Config", "Gemma4ForConditionalGeneration",
+               "Gemma4Processor", "Gemma4ImageProcessorPil", "Gemma4VideoProcessor", GEMMA4_TOKENS,
+               {"text_config": {**TEXT, "head_dim": 4, "global_head_dim": 8, "hidden_size_per_layer_input": 4,
+                                "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 512,
+                                "use_bidirectional_attention": "vision", "final_logit_softcapping": 30.0},
+                "vision_config": {"num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 4,
+                                  "num_key_value_heads": 4, "head_dim": 4, "intermediate_size": 32,
+                                  "position_embedding_size": 630},
+                "audio_config": None},
+               processor_kwargs={"image_seq_length": 70}, image_processor_kwargs={"max_soft_tokens": 70},
+               needs=("torchvision",), feature_extractor_class="Gemma4AudioFeatureExtractor"),
     VLMStandIn("tiny-LlavaForConditionalGeneration", "LlavaConfig", "LlavaForConditionalGeneration",
                "LlavaProcessor", "CLIPImageProcessor", None, LLAVA_TOKENS,
                {"text_config": {**TEXT, "model_type": "llama", "vocab_size": 32064, "head_dim": 4, "eos_token_id": 2,
@@ -186,6 +218,8 @@ def build_processor(standin: VLMStandIn) -> transformers.ProcessorMixin:
     tokenizer = build_tokenizer(standin.tokenizer)
     parts = {"image_processor": getattr(transformers, standin.image_processor_class)(**standin.image_processor_kwargs),
              "tokenizer": tokenizer}
+    if standin.feature_extractor_class:
+        parts["feature_extractor"] = getattr(transformers, standin.feature_extractor_class)()
     if standin.video_processor_class:
         parts["video_processor"] = getattr(transformers, standin.video_processor_class)()
     return getattr(transformers, standin.processor_class)(**parts, chat_template=standin.tokenizer.chat_template,

@@ -1,4 +1,4 @@
-"""Tiny Gemma 3, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and Qwen3.5-MoE models (random float32
+"""Tiny Gemma 3, Gemma 4, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and Qwen3.5-MoE models (random float32
 weights) with their real processor classes, from the TRL-suite stand-ins (benchmarks/trl_suite/vlm_standins.py), and a small image
 data set, for the image-path tests."""
 
@@ -16,7 +16,8 @@ from datasets import Dataset, Features, Image, Value
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "trl_suite"))
 import vlm_standins  # noqa: E402
 
-FAMILIES = {"gemma3": "tiny-Gemma3ForConditionalGeneration", "llava": "tiny-LlavaForConditionalGeneration",
+FAMILIES = {"gemma3": "tiny-Gemma3ForConditionalGeneration", "gemma4": "tiny-Gemma4ForConditionalGeneration",
+            "llava": "tiny-LlavaForConditionalGeneration",
             "llava_next": "tiny-LlavaNextForConditionalGeneration",
             "qwen2_vl": "tiny-Qwen2VLForConditionalGeneration", "qwen2_5_vl": "tiny-Qwen2_5_VLForConditionalGeneration",
             "qwen3_vl": "tiny-Qwen3VLForConditionalGeneration", "qwen3_5": "tiny-Qwen3_5ForConditionalGeneration",
@@ -51,12 +52,13 @@ QWEN3_5_MOE = vlm_standins.VLMStandIn(
                             "shared_expert_intermediate_size": 16}, "vision_config": _QWEN3_5_VISION})
 
 
-def _image_only_qwen_processor(standin: vlm_standins.VLMStandIn):
-    """The family's real processor class with the PIL (slow) image processor and no video processor.
+def _image_only_processor(standin: vlm_standins.VLMStandIn, image_processor_class: str):
+    """The family's real processor class with a PIL (slow) image processor and no video processor.
 
     Its default video processor and `BaseVideoProcessor` (which the processor's constructor checks its
     video_processor argument against, even when None) need torchvision, which is not installed here;
-    the image path never touches the video processor, so the check is skipped for a missing one."""
+    the image path never touches the video processor, so the check is skipped for a missing one.
+    Qwen-VL's take Qwen2VLImageProcessorPil; Gemma 4's, Gemma4ImageProcessorPil and its audio feature extractor."""
     base = getattr(transformers, standin.processor_class)
 
     class ImageOnly(base):
@@ -69,9 +71,11 @@ def _image_only_qwen_processor(standin: vlm_standins.VLMStandIn):
             self.tokenizer.save_pretrained(save_directory)
             self.image_processor.save_pretrained(save_directory)
 
-    return ImageOnly(image_processor=transformers.Qwen2VLImageProcessorPil(**standin.image_processor_kwargs),
+    parts = {"feature_extractor": getattr(transformers, standin.feature_extractor_class)()} \
+        if standin.feature_extractor_class else {}
+    return ImageOnly(image_processor=getattr(transformers, image_processor_class)(**standin.image_processor_kwargs),
                      tokenizer=vlm_standins.build_tokenizer(standin.tokenizer), video_processor=None,
-                     chat_template=standin.tokenizer.chat_template)
+                     chat_template=standin.tokenizer.chat_template, **parts, **standin.processor_kwargs)
 
 
 def _standin(family: str) -> vlm_standins.VLMStandIn:
@@ -81,7 +85,9 @@ def _standin(family: str) -> vlm_standins.VLMStandIn:
 @functools.lru_cache(maxsize=None)
 def processor(family: str):
     if family.startswith("qwen"):
-        return _image_only_qwen_processor(_standin(family))
+        return _image_only_processor(_standin(family), "Qwen2VLImageProcessorPil")
+    if family == "gemma4":
+        return _image_only_processor(_standin(family), "Gemma4ImageProcessorPil")
     return vlm_standins.build_processor(_standin(family))
 
 
@@ -95,6 +101,7 @@ def model(family: str, seed: int = 0, **text_config) -> torch.nn.Module:
         setattr(text, name, value)
     if getattr(text, "layer_types", None) is not None:
         text.layer_types = text.layer_types[: text.num_hidden_layers]
+    torch.manual_seed(seed)  # the weights init_small_weights leaves alone (convolutions) come from the global RNG
     built = getattr(transformers, standin.model_class)(config)
     vlm_standins.init_small_weights(built, seed)
     for parameter in built.parameters():  # Gemma 3's projector is a bare zero-initialised matrix: the image would not count

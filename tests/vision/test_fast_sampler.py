@@ -22,7 +22,7 @@ from rloo.generation.base import left_pad
 from rloo.generation.kv_cache import append_in_place_cache
 
 QWEN_VL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"]  # 3-D rotary positions (mrope)
-FAMILIES = ["gemma3", "llava", "llava_next", *QWEN_VL]
+FAMILIES = ["gemma3", "gemma4", "llava", "llava_next", *QWEN_VL]
 K = 3
 
 
@@ -95,7 +95,7 @@ def _count_images(model, calls):
         lambda module, args, kwargs: calls.append((args or (kwargs["pixel_values"],))[0].shape[0]), with_kwargs=True)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llava", "qwen2_vl"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "llava", "qwen2_vl"])
 def test_the_prefill_runs_each_prompts_images_once_and_the_fallback_each_rows(family, monkeypatch):
     """One vision-tower call of N images for N prompts x K completions; cache layers that cannot repeat rows
     take one prefill per completion, each with its own image (Qwen2-VL: and its own rope delta), and sample the

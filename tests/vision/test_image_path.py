@@ -1,5 +1,5 @@
 """The image path end to end (data.images): rows with images through the processor, sampling, the no-grad
-passes, the training pass and the reward functions, on tiny Gemma 3 and LLaVA-NeXT models."""
+passes, the training pass and the reward functions, on tiny Gemma 3, Gemma 4 and LLaVA-NeXT models."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _length_reward(completions, **kwargs):
     return [float(len(c[0]["content"])) for c in completions]
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llava_next"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "llava_next"])
 def test_train_with_images_runs_and_rewards_get_them(tmp_path, family):
     seen = []
 
@@ -61,28 +61,58 @@ def _vision_tower(model):
     return next(module for name, module in model.named_modules() if name.endswith("vision_tower"))
 
 
-def test_every_pass_runs_the_images_and_lora_leaves_the_vision_tower_frozen(tmp_path):
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+def test_every_pass_runs_the_images_and_lora_leaves_the_vision_tower_frozen(tmp_path, family):
     """Sampling, pi_old, the reference (LoRA adapters disabled) and the training pass each run the vision tower, one
     call per pass: generate's prefill and the whole-row training pass on every row's image (2 prompts x K=2 rows),
-    the no-grad passes on each prompt's once (the shared-prefix path, Gemma 3's sliding window applied by the mask)."""
+    the no-grad passes on each prompt's once (the shared-prefix path, the sliding window applied by the mask).
+    Gemma 4's projector is `embed_vision`."""
     from peft import LoraConfig
 
-    model = standin_vlms.model("gemma3")
+    model = standin_vlms.model(family)
     calls = []
     _vision_tower(model).register_forward_pre_hook(
         lambda module, args, kwargs: calls.append((torch.is_grad_enabled(), (args or (kwargs["pixel_values"],))[0].shape[0])),
         with_kwargs=True)
     args = _config(tmp_path, beta=0.1, learning_rate=1e-2)
     trainer = RLOOTrainer(model, _length_reward, args=args, train_dataset=standin_vlms.image_dataset(4),
-                          processing_class=standin_vlms.processor("gemma3"),
+                          processing_class=standin_vlms.processor(family),
                           peft_config=LoraConfig(r=4, target_modules="all-linear"))
     lora = [name for name, _ in trainer.model.named_parameters() if "lora_" in name]
     assert lora and not [name for name in lora if "vision" in name or "multi_modal_projector" in name]
-    assert any("language_model" in name for name in lora)
+    assert all("language_model" in name for name in lora)
     trainer.train()
     # generate's prefill, pi_old, pi_ref: no grad; the training pass: with grad (LoRA's inputs need none,
     # but the pass runs under grad mode)
     assert calls == [(False, 4), (False, 2), (False, 2), (True, 4)], calls
+
+
+def test_lora_keeps_off_gemma4s_vision_and_audio_towers_and_their_projectors():
+    """Gemma 4 names its projectors `embed_vision` and `embed_audio` (the E2B and E4B checkpoints have an audio tower):
+    with `target_modules="all-linear"` and no `exclude_modules`, only the language model gets adapters, while PEFT
+    alone would put them on both projectors and the audio tower's linear maps too."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from rloo.data.images import language_model_only
+
+    standin = standin_vlms._standin("gemma4")
+    audio = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "subsampling_conv_channels": [8, 4],
+             "output_proj_dims": 16}
+    config = transformers.Gemma4Config(**{**standin.config, "audio_config": audio})
+
+    def adapted(lora_config):
+        model = get_peft_model(transformers.Gemma4ForConditionalGeneration(config), lora_config)
+        return {name.split(".lora_")[0].removeprefix("base_model.model.model.") for name, _ in model.named_parameters()
+                if "lora_" in name}
+
+    user_config = LoraConfig(r=4, target_modules="all-linear")
+    everywhere = adapted(user_config)
+    assert {"embed_vision.embedding_projection", "embed_audio.embedding_projection"} <= everywhere
+    assert any(name.startswith("audio_tower.") for name in everywhere)
+    ours = adapted(language_model_only(user_config, transformers.Gemma4ForConditionalGeneration(config)))
+    assert ours and all(name.startswith("language_model.") for name in ours), sorted(ours)
+    assert user_config.exclude_modules is None  # the user's config is left as given
 
 
 def _other_images(vision, seed):
@@ -94,7 +124,7 @@ def _other_images(vision, seed):
     return dataclasses.replace(vision, per_prompt=fresh)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llava_next"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "llava_next"])
 def test_the_image_changes_the_logprobs_of_the_no_grad_and_training_passes(tmp_path, family, monkeypatch):
     trainer = RLOOTrainer(standin_vlms.model(family), _length_reward, args=_config(tmp_path, beta=0.1),
                           train_dataset=standin_vlms.image_dataset(4), processing_class=standin_vlms.processor(family))

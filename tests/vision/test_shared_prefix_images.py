@@ -24,7 +24,7 @@ from rloo.config import ConfigError
 from rloo.data.images import ImagePromptEncoder, image_token_id
 
 QWEN_VL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]  # 3-D rotary positions, full-attention caches
-SHARED = ["gemma3", "llava", "llava_next", *QWEN_VL]
+SHARED = ["gemma3", "gemma4", "llava", "llava_next", *QWEN_VL]
 K = 3
 
 
@@ -34,6 +34,7 @@ def _model(family: str, seed: int = 0) -> torch.nn.Module:
     the windows cut into every row (they change the log-probs: checked below) while the completions still see the
     image (through the full layer, or through two 40-token windows)."""
     windows = {"gemma3": {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]},
+               "gemma4": {"sliding_window": 16},  # its stand-in's first layer slides, its second is full
                "llava_next": {"sliding_window": 40}}
     return standin_vlms.model(family, seed, **windows.get(family, {}))
 
@@ -147,6 +148,23 @@ def test_the_training_pass_gives_the_whole_row_logprobs_and_gradients_vision_tow
     assert any(want[2][name].abs().max() > 0 for name in tower & want[2].keys())
     for name in want[2]:
         torch.testing.assert_close(got[2][name], want[2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_gemma4_with_layers_that_reuse_earlier_layers_keys_and_values_keeps_the_whole_rows():
+    """Gemma 4's E2B/E4B layout: the last layers read the keys and values an earlier layer cached
+    (num_kv_shared_layers), and transformers gives them placeholder cache layers that hold none, so there is nothing
+    to copy for them: the no-grad passes run whole rows and shared_prefix_forward is refused (its fix named)."""
+    import transformers
+
+    from rloo.algo.prefix_logprobs import check_shared_prompt_model
+
+    text = {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2, "num_kv_shared_layers": 2}
+    standin = standin_vlms._standin("gemma4")
+    config = transformers.Gemma4Config(**{**standin.config, "text_config": {**standin.config["text_config"], **text}})
+    model = transformers.Gemma4ForConditionalGeneration(config)
+    assert not shares_image_prompts(model)
+    with pytest.raises(ValueError, match="KV cache holds attention keys and values.*turn shared_prefix_forward off"):
+        check_shared_prompt_model(model)
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl"])

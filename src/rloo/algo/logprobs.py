@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Any
 
 import torch
 
@@ -221,10 +222,18 @@ def reachable_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     # path reads the head's weight outside it (where it is empty), so a partitioned head takes the plain path.
     if hasattr(head.weight, "ds_id"):
         return None
-    config = getattr(inner, "config", None)
+    config = head_config(model)
     if getattr(config, "logit_scale", 1.0) not in (None, 1.0) or getattr(config, "logits_scaling", 1.0) not in (None, 1.0):
         return None
     return head
+
+
+def head_config(model: torch.nn.Module) -> Any:
+    """The config that holds the LM head's settings (`final_logit_softcapping`, `logit_scale`): the text config of a
+    vision-language model (Gemma 4 keeps its softcap there, not on the top-level config), else the model's config."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    get_text_config = getattr(config, "get_text_config", None)
+    return get_text_config() if callable(get_text_config) else config
 
 
 def cache_argument(model: torch.nn.Module) -> str:
@@ -274,8 +283,7 @@ def logprobs_from_states(model: torch.nn.Module, head: torch.nn.Linear | None, s
     """(b, C, H) hidden states through the tiled head, or (b, C, V) logits when `head` is None ->
     (b, C) fp32 log-probs of `targets`, and entropies when `with_entropy` (detached unless `entropy_grad`)."""
     if head is not None:
-        config = getattr(getattr(model, "module", model), "config", None)
-        softcap = getattr(config, "final_logit_softcapping", None)
+        softcap = getattr(head_config(model), "final_logit_softcapping", None)
         logps, entropy = tiled_head_logprobs(states, head.weight, head.bias, targets, temperature, softcap,
                                              with_entropy)
         return logps, entropy if entropy is None or entropy_grad else entropy.detach()

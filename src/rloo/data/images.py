@@ -228,15 +228,17 @@ def is_processor(processing_class: Any) -> bool:
         processing_class, "image_processor")
 
 
-# Module names of the vision side of the VLM families transformers ships (tower and projector; `connector` is
-# Idefics3's and SmolVLM's projector).
-VISION_MODULES = r".*(vision_tower|vision_model|visual|multi_modal_projector|vision_embed|connector).*"
+# Module names of the vision side of the VLM families transformers ships (tower and projector): `connector` is
+# Idefics3's and SmolVLM's projector, `embed_vision` Gemma 4's; Gemma 4's audio tower and projector (`audio_tower`,
+# `embed_audio`; the E2B and E4B checkpoints have one) are kept off the language model's adapters too.
+VISION_MODULES = (r".*(vision_tower|vision_model|visual|multi_modal_projector|vision_embed|connector|embed_vision"
+                  r"|audio_tower|embed_audio).*")
 
 
 def language_model_only(peft_config: Any, model: Any) -> Any:
-    """The LoRA config with the vision tower and projector excluded, for a model that has one and a config
-    that excludes nothing (a copy; the user's object is untouched). A config with `exclude_modules` set,
-    even to [], is taken as given: that is how to put adapters on the vision tower too."""
+    """The LoRA config with the vision tower and projector (and an audio tower) excluded, for a model that has a
+    vision tower and a config that excludes nothing (a copy; the user's object is untouched). A config with
+    `exclude_modules` set, even to [], is taken as given: that is how to put adapters on the vision tower too."""
     has_vision = any(name.split(".")[-1] in ("vision_tower", "visual", "vision_model") for name, _ in
                      model.named_modules())
     if not has_vision or not hasattr(peft_config, "exclude_modules") or peft_config.exclude_modules is not None:
