@@ -118,8 +118,10 @@ def _cache_layers(model: torch.nn.Module) -> list | None:
 
 
 def attention_implementation(model: torch.nn.Module) -> str | None:
-    config = getattr(model, "module", model).config
-    return getattr(config.get_text_config(), "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
+    """The attention implementation `model`'s language model runs ("sdpa", "eager", "flash_attention_2", ...)."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    return getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
 
 
 def _share_refusal(model: torch.nn.Module) -> str | None:
