@@ -48,14 +48,16 @@ def plot(results: dict, path: Path, held_out: int) -> None:
 
     figure, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     colours = {"tools": "tab:blue", "plain": "tab:orange"}
+    styles = ["-", "--", ":", "-."]  # one per seed: the arms' colours, the seeds' line styles
     for name, run in sorted(results.items()):
-        arm = name.split("-")[0]
+        arm, seed = name.split("-s")
+        style = {"color": colours[arm], "linestyle": styles[int(seed) % len(styles)], "label": name}
         steps = range(1, run["steps"] + 1)
-        axes[0].plot(steps, run["curves"]["accuracy"], color=colours[arm], alpha=0.7, label=name)
+        axes[0].plot(steps, run["curves"]["accuracy"], alpha=0.7, **style)
         if arm == "tools":
-            axes[1].plot(steps, run["curves"]["tool calls per trajectory"], color=colours[arm], label=name)
+            axes[1].plot(steps, run["curves"]["tool calls per trajectory"], **style)
         points = [(e["step"], e["accuracy"]) for e in run["held_out"]]
-        axes[2].plot(*zip(*points), marker="o", color=colours[arm], label=name)
+        axes[2].plot(*zip(*points), marker="o", **style)
     axes[0].set(title="training accuracy per step (8 trajectories)", xlabel="optimizer step", ylabel="gsm8k_accuracy")
     axes[1].set(title="tool calls per trajectory (training)", xlabel="optimizer step")
     axes[1].set_ylim(bottom=-0.05, top=max(1.05, axes[1].get_ylim()[1]))
