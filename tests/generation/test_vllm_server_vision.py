@@ -18,7 +18,16 @@ else:
     pytest.importorskip("vllm", reason="vLLM is not installed; scripts/test_vllm.sh builds a venv with it")
 
 from test_vllm_server import serving  # noqa: E402
-from test_vllm_vision import IMAGE_TOKEN, K, gap_to_engine, idefics3_model, idefics3_processor, rows, two_images_a_prompt  # noqa: E402
+from test_vllm_vision import (  # noqa: E402
+    IMAGE_TOKEN,
+    K,
+    gap_to_engine,
+    idefics3_model,
+    idefics3_processor,
+    pushed_tower_gaps,
+    rows,
+    two_images_a_prompt,
+)
 
 from rloo import RLOOConfig, RLOOTrainer  # noqa: E402
 from rloo.data.images import ImagePromptEncoder  # noqa: E402
@@ -71,29 +80,9 @@ def test_a_vision_tower_push_through_the_server_reaches_its_engine(served):
     """The push resets the server engine's encoder cache: the same images after the push get the new tower's
     embeddings (without the reset: "Encoder cache miss", or the old embeddings)."""
     model, _, sampler, prompt_ids, vision, _ = served
-    sampler.sample(model, prompt_ids, 1, vision=vision.repeat(1))  # the engine caches these images' embeddings
-    tower = [p for name, p in model.named_parameters() if "vision_model" in name or "connector" in name]
-    with torch.no_grad():
-        for param in tower:
-            param.mul_(3.0)
-    try:
-        sampler.on_optimizer_step(model)
-        batch = sampler.sample(model, prompt_ids, K, vision=vision.repeat(K))
-        gap = gap_to_engine(model, batch, vision.repeat(K))
-        with torch.no_grad():  # the same tokens scored by the tower the engine had before the push
-            for param in tower:
-                param.div_(3.0)
-        stale = gap_to_engine(model, batch, vision.repeat(K))
-        with torch.no_grad():
-            for param in tower:
-                param.mul_(3.0)
-        print(f"server, vision tower x3 pushed: largest log-prob difference {gap:.2e}; against the old tower {stale:.2e}")
-        assert gap < 1e-3 and stale > 1e-2  # 1e-3: as the colocate test (larger weights, larger fp32 differences)
-    finally:
-        with torch.no_grad():
-            for param in tower:
-                param.div_(3.0)
-        sampler.on_optimizer_step(model)
+    gap, stale = pushed_tower_gaps(model, sampler, prompt_ids, vision)
+    print(f"server, vision tower x3 pushed: largest log-prob difference {gap:.2e}; against the old tower {stale:.2e}")
+    assert gap < 1e-3 and stale > 1e-2  # 1e-3: as the colocate test (larger weights, larger fp32 differences)
 
 
 def test_a_malformed_image_is_refused_by_name_and_the_server_serves_on(served):

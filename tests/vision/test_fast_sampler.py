@@ -71,7 +71,13 @@ def test_greedy_fast_sampling_equals_greedy_generate_on_image_prompts(family):
 def test_sampled_logprobs_equal_the_training_pass(family):
     """The log-probs the fast sampler returns (which the trainer takes as pi_old) are those the training pass
     computes for the sampled tokens with the same images (Gemma 3: with its bidirectional image attention)."""
-    model = standin_vlms.model(family).eval()
+    sampled, recomputed = _sampled_and_training_logprobs(standin_vlms.model(family).eval(), family)
+    torch.testing.assert_close(sampled, recomputed, atol=1e-5, rtol=1e-5)
+
+
+def _sampled_and_training_logprobs(model, family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fast sampler's log-probs of its K completions of the family's prompts (seed 0), and the training pass's
+    log-probs of the same tokens with the same images, at the real completion tokens (more than K of them)."""
     tokenizer, prompt_ids, vision = _encoded(family, model)
     torch.manual_seed(0)
     sampled = _sampler(tokenizer).sample(model, prompt_ids, K, vision=vision)
@@ -82,7 +88,7 @@ def test_sampled_logprobs_equal_the_training_pass(family):
                                        model_inputs=vision.model_kwargs(input_ids))
     mask = sampled.completion_mask.bool()
     assert mask.sum() > K
-    torch.testing.assert_close(sampled.logprobs[mask], logps[mask], atol=1e-5, rtol=1e-5)
+    return sampled.logprobs[mask], logps[mask]
 
 
 def _vision_tower(model):
