@@ -10,6 +10,14 @@ samples K completions of the same prompt, so `FastSampler`
   3. decodes one token per step with `model(...)` on the cache, stopping as soon as every row
      has produced an end token or `max_new_tokens` is reached.
 
+Prompts that begin alike (a system message, a tool schema, a worked example; a multi-turn rollout's later
+turns) share more than their group: when the N distinct prompts have a common head of at least
+`MIN_SHARED_HEAD` tokens, the head runs once (one row), its cache is copied to the N rows, and only each
+prompt's tail runs after it (`_prefill_shared_head`). The tails are left-padded after the head, so a
+row's cache reads head, padding, tail; the padding is masked and positions count real tokens only, so
+attention sees what it sees in a whole-row prefill (full-attention caches only; sliding windows, images and
+other cache layers keep the whole-row prefill).
+
 Prompts with images (`vision`, a `data.images.VisionInputs`, one row per completion): the prefill runs
 each distinct prompt's images once (N rows, the vision tower's work is not repeated K times), the cache
 holds the image features from then on, and decoding is text-only. The image token is never sampled (as
@@ -33,13 +41,17 @@ from typing import Any
 import torch
 
 from rloo.algo import mrope
-from rloo.algo.logprobs import cache_argument
+from rloo.algo.logprobs import cache_argument, position_ids_from_mask
 from rloo.algo.logprobs import computes_own_positions as positions_are_3d  # Qwen-VL's mrope: get_rope_index
 from rloo.config_checks import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
-from rloo.generation.kv_cache import append_in_place_cache
+from rloo.generation.kv_cache import AppendInPlaceLayer, append_in_place_cache
 
 logger = logging.getLogger(__name__)
+
+# The common head of the prompts runs once when it is at least this long: below it the extra model call
+# costs more than the prefill it saves.
+MIN_SHARED_HEAD = 16
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -95,6 +107,16 @@ def refuse_3d_positions(model: torch.nn.Module) -> None:
                           f"sampler='generate' for this model (docs/vision.md).")
 
 
+def shared_head_length(prompts: list[list[int]]) -> int:
+    """The length of the longest common prefix of `prompts`, leaving every prompt at least one token of its own
+    (its last token's logits start the decode)."""
+    shortest = min(len(p) for p in prompts)
+    length = 0
+    while length < shortest - 1 and all(p[length] == prompts[0][length] for p in prompts):
+        length += 1
+    return length
+
+
 def per_prompt_rows(vision: Any, k: int) -> Any:
     """The `VisionInputs` of one row per distinct prompt, from one row per completion (groups of k contiguous)."""
     if any(vision.rows[i] != vision.rows[i - i % k] for i in range(len(vision.rows))):
@@ -137,7 +159,8 @@ class FastSampler(SamplingSettings):
         was_training = model.training
         model.eval()
         unique_ids, unique_mask = left_pad(prompts, self.pad_token_id, device)  # (N, P)
-        completion_ids, logprobs = self._decode(model, unique_ids, unique_mask, num_generations, vision)  # (N*K, C)
+        completion_ids, logprobs = self._decode(model, prompts, unique_ids, unique_mask, num_generations,
+                                                vision)  # (N*K, C)
         model.train(was_training)
 
         completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
@@ -170,19 +193,52 @@ class FastSampler(SamplingSettings):
                         **{cache_name: cache}, use_cache=True, logits_to_keep=1, **images)
         return prefill.logits[:, -1], rope_deltas  # (B, V), (B, 1) or None
 
-    def _decode(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                k: int, vision: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(N, P) left-padded prompts -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
+    def _decode(self, model: torch.nn.Module, prompts: list[list[int]], prompt_ids: torch.Tensor,
+                prompt_mask: torch.Tensor, k: int, vision: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """N prompts, also as (N, P) left-padded ids -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
         and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
         trainer computes them). The image token, with `vision`, is never drawn."""
-        cache = append_in_place_cache(model.config, room=self.max_new_tokens)
         cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
+        head = 0 if vision is not None or len(prompts) < 2 else shared_head_length(prompts)
+        if head >= MIN_SHARED_HEAD:
+            tails, tail_mask = left_pad([p[head:] for p in prompts], self.pad_token_id, prompt_ids.device)  # (N, S)
+            cache = append_in_place_cache(model.config, room=tails.shape[1] + self.max_new_tokens)
+            if all(type(layer) is AppendInPlaceLayer for layer in cache.layers):
+                next_logits, attention_mask = self._prefill_shared_head(
+                    model, cache, cache_name, torch.tensor(prompts[0][:head], device=prompt_ids.device), tails,
+                    tail_mask, k)
+                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None)
+        cache = append_in_place_cache(model.config, room=self.max_new_tokens)
         next_logits, rope_deltas = self._prefill(model, cache, cache_name, prompt_ids, prompt_mask, k, vision)
         suppressed = None if vision is None or vision.image_token_id is None else vision.image_token_id
-        attention_mask = prompt_mask.repeat_interleave(k, dim=0)  # (B, P), grows by one column a step
+        return self._decode_from(model, cache, cache_name, next_logits, prompt_mask.repeat_interleave(k, dim=0),
+                                 rope_deltas, suppressed)
+
+    def _prefill_shared_head(self, model: torch.nn.Module, cache: Any, cache_name: str, head_ids: torch.Tensor,
+                             tail_ids: torch.Tensor, tail_mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (H,) common head once, its cache copied to the N rows, then the (N, S) left-padded tails after it,
+        the cache left holding N*K rows. Returns the (N*K, V) next-token logits and the (N*K, H + S) attention
+        mask over the cache (head, then each tail's padding and tokens)."""
+        model(input_ids=head_ids.unsqueeze(0), attention_mask=torch.ones_like(head_ids).unsqueeze(0),
+              position_ids=torch.arange(len(head_ids), device=head_ids.device).unsqueeze(0),
+              **{cache_name: cache}, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(tail_ids.shape[0])
+        attention_mask = torch.cat([tail_mask.new_ones(tail_ids.shape[0], len(head_ids)), tail_mask], dim=1)
+        positions = position_ids_from_mask(attention_mask)[:, len(head_ids):]  # head positions, then real tokens
+        prefill = model(input_ids=tail_ids, attention_mask=attention_mask, position_ids=positions,
+                        **{cache_name: cache}, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(k)
+        return prefill.logits[:, -1].repeat_interleave(k, dim=0), attention_mask.repeat_interleave(k, dim=0)
+
+    def _decode_from(self, model: torch.nn.Module, cache: Any, cache_name: str, next_logits: torch.Tensor,
+                     attention_mask: torch.Tensor, rope_deltas: torch.Tensor | None,
+                     suppressed: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode loop from a prefilled `cache` of B rows: (B, V) first logits and the (B, T) mask over the
+        cache, which grows by one column a step."""
+        device = next_logits.device
         next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) position of the next token
-        eos_ids = torch.tensor(self.eos_token_ids, device=prompt_ids.device)
-        finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=prompt_ids.device)  # (B,)
+        eos_ids = torch.tensor(self.eos_token_ids, device=device)
+        finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=device)  # (B,)
 
         tokens, logprobs = [], []
         for step in range(self.max_new_tokens):
