@@ -3,6 +3,9 @@
 #   bash benchmarks/tools_gsm8k_runs.sh STEPS SEED...      e.g. bash benchmarks/tools_gsm8k_runs.sh 10 0 1 2
 #   VARIANT=sft EVAL=32 bash benchmarks/tools_gsm8k_runs.sh 3 0   # from the SFT warm starts (recipes/prepare.py
 #                                                                # smollm2-sft-tools smollm2-sft-plain), 384 tokens
+#   DATA=short VARIANT=sft EVAL=64 EVAL_ON_START=false bash benchmarks/tools_gsm8k_runs.sh 6 0 1 2
+#                                 # the problems of one or two calculations (recipes/data/gsm8k_short_1shot);
+#                                 # the starting point is evaluated once per arm (rloo eval, docs/recipes.md)
 # Each run holds /work/wt/longrun.lock-style locking only if LOCK is set (LOCK=/path/to/lock); it writes
 # runs/tools-gsm8k[-sft]/{tools,plain}-s<seed>/metrics.jsonl, which benchmarks/tools_gsm8k.py reads and plots.
 # TIMEOUT=seconds caps each run (default: none).
@@ -15,16 +18,20 @@ if [ "${VARIANT:-}" = sft ]; then
   # call and result counts against max_completion_length, so both arms get 384 here.
   runs=runs/tools-gsm8k-sft; extra=(--max_completion_length 384)
 fi
+if [ "${DATA:-}" = short ]; then
+  runs=$runs-short; extra+=(--dataset_name recipes/data/gsm8k_short_1shot)
+fi
+evals_wanted=2; [ "${EVAL_ON_START:-true}" = false ] && evals_wanted=1
 for seed in "$@"; do
   for arm in tools plain; do
     config=recipes/gsm8k_tools_cpu.yaml; [ "$arm" = plain ] && config=recipes/gsm8k_cpu.yaml
     model=()
     [ "${VARIANT:-}" = sft ] && model=(--model_name_or_path "recipes/models/smollm2-135m-instruct-sft-$arm")
     out=$runs/$arm-s$seed
-    [ -f "$out/metrics.jsonl" ] && grep -q '"eval/' "$out/metrics.jsonl" && [ "$(grep -c '"eval/' "$out/metrics.jsonl")" -ge 2 ] && continue
+    [ -f "$out/metrics.jsonl" ] && grep -q '"eval/' "$out/metrics.jsonl" && [ "$(grep -c '"eval/' "$out/metrics.jsonl")" -ge "$evals_wanted" ] && continue
     rm -rf "$out"; mkdir -p "$runs"
     cmd=(rloo train --config "$config" "${model[@]}" "${extra[@]}" --max_steps "$steps" --seed "$seed" --output_dir "$out"
-         --eval_split test --eval_on_start true --num_generations_eval 1 --max_eval_samples "$eval_samples"
+         --eval_split test --eval_on_start "${EVAL_ON_START:-true}" --num_generations_eval 1 --max_eval_samples "$eval_samples"
          --per_device_eval_batch_size 16 --save_steps 0)
     [ -n "${TIMEOUT:-}" ] && cmd=(timeout "$TIMEOUT" "${cmd[@]}")
     echo "$(date -u +%T) ${cmd[*]}"

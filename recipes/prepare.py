@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -68,7 +69,9 @@ def local_gsm8k(folder: Path, split: str) -> list[dict]:
 def prepare_gsm8k(local_dir: str | None) -> None:
     """GSM8K's train and test splits as prompt rows, from a local folder of OpenAI's jsonl files or the Hub:
     data/gsm8k asks with an instruction (the GPU recipe); data/gsm8k_1shot shows a worked example first
-    (the CPU recipe: SmolLM2-135M then answers in a few lines ending "#### n")."""
+    (the CPU recipe: SmolLM2-135M then answers in a few lines ending "#### n"); data/gsm8k_short_1shot keeps the
+    problems whose reference solution takes one or two calculations (train 2579, test 422 of OpenAI's files: the
+    tool recipe's short variant, where the 135M model solves some problems and so gets a learning signal)."""
     for split in ("train", "test"):
         if local_dir:
             problems = local_gsm8k(Path(local_dir), split)
@@ -78,6 +81,13 @@ def prepare_gsm8k(local_dir: str | None) -> None:
             problems = list(datasets.load_dataset("openai/gsm8k", "main", split=split))
         write_jsonl(DATA / "gsm8k" / f"{split}.jsonl", gsm8k_rows_from(problems, one_shot=False))
         write_jsonl(DATA / "gsm8k_1shot" / f"{split}.jsonl", gsm8k_rows_from(problems, one_shot=True))
+        short = [p for p in problems if 1 <= calculations(p["answer"]) <= 2]
+        write_jsonl(DATA / "gsm8k_short_1shot" / f"{split}.jsonl", gsm8k_rows_from(short, one_shot=True))
+
+
+def calculations(solution: str) -> int:
+    """The calculator annotations (<<48/2=24>>) of a GSM8K reference solution: its arithmetic steps."""
+    return len(re.findall(r"<<[^>]*>>", solution))
 
 
 def prepare_code() -> None:
