@@ -79,6 +79,28 @@ def test_eval_every_eval_steps_is_logged_once_per_step_with_pass_at_k(tmp_path, 
     assert "eval/rewards/exact_digit/pass@8" not in evals[-1]
     assert evals[-1]["eval/rewards/exact_digit/pass@1"] <= evals[-1]["eval/rewards/exact_digit/pass@4"]
     assert final["eval/reward"] == evals[-1]["eval/reward"]
+    assert not (tmp_path / "run" / "eval_completions.jsonl").exists()  # log_completions is off
+
+
+def test_eval_completions_are_written_with_log_completions(tmp_path, make_model, tokenizer, digit_dataset):
+    args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=2,
+                      num_generations_eval=2, max_completion_length=4, max_steps=2, logging_steps=1, save_steps=0,
+                      eval_steps=1, seed=0, log_completions=True)
+    trainer = RLOOTrainer(make_model(), [exact_digit, digit_fraction], args=args, train_dataset=digit_dataset,
+                          eval_dataset=digit_dataset.select(range(3)), processing_class=tokenizer)
+    trainer.train()
+    samples = [json.loads(line) for line in (tmp_path / "run" / "eval_completions.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["index"], row["sample"]) for row in samples] == \
+        [(step, i, k) for step in (1, 2) for i in range(3) for k in range(2)]
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if "eval/reward" in line]
+    for step, figures in zip((1, 2), evals):
+        rows = [row for row in samples if row["step"] == step]
+        assert [row["prompt"] for row in rows] == [digit_dataset[i]["prompt"] for i in range(3) for _ in range(2)]
+        assert sum(row["digit_fraction"] for row in rows) / 6 == pytest.approx(figures["eval/rewards/digit_fraction/mean"])
+        assert sum(row["score"] for row in rows) / 6 == pytest.approx(figures["eval/reward"])
+        for row in rows:  # each value is the reward of that very completion
+            assert row["digit_fraction"] == pytest.approx(digit_fraction([row["completion"]])[0])
 
 
 def _saved_model(tmp_path, make_model, tokenizer):
@@ -131,6 +153,13 @@ def test_rloo_eval_cli_on_a_saved_model(tmp_path, make_model, tokenizer, capsys)
     assert "eval/rewards/exact_match/pass@4" in printed and "eval/reward" in printed
     assert len(printed) == len(set(printed)) and not any(name.startswith("eval_") for name in printed)  # once each
     assert not (tmp_path / "out" / "metrics.jsonl").exists()  # nothing trained, nothing logged as training
+    # Every sample, in the data's order, with the rewards the figures were computed from.
+    samples = [json.loads(line) for line in (tmp_path / "out" / "eval_completions.jsonl").read_text().splitlines()]
+    assert [(row["index"], row["sample"]) for row in samples] == [(i, k) for i in range(6) for k in range(4)]
+    assert [row["prompt"] for row in samples[::4]] == [f"{a}+{a}=" for a in range(6)]
+    assert all(isinstance(row["completion"], str) and row["step"] == 0 for row in samples)
+    assert sum(row["exact_match"] for row in samples) / 24 == pytest.approx(results["eval/rewards/exact_match/mean"])
+    assert [row["score"] for row in samples] == [row["exact_match"] for row in samples]  # one function, weight 1
 
 
 def test_rloo_eval_prefers_the_held_out_split_and_caps_the_prompts(tmp_path, make_model, tokenizer, capsys):

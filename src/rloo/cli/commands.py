@@ -41,7 +41,7 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     # Nothing is trained: no tracker run is opened and the run length is irrelevant. (replace() rebuilds the
     # config from its own fields; the TRL values it was given, such as per_device_eval_batch_size, are carried.)
     trl_values = config.__dict__.get("_trl_values", {})
-    config = dataclasses.replace(config, report_to="none", save_steps=0)
+    config = dataclasses.replace(config, report_to="none", save_steps=0, log_completions=False)  # samples: below
     config._trl_values = {**trl_values, **config.__dict__.get("_trl_values", {})}
     split = script.eval_split or held_out_split(script.dataset_name, script.dataset_config, script.dataset_split) \
         or script.dataset_split
@@ -69,7 +69,12 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"model": options.model, "dataset": script.dataset_name, "split": split,
                                    "prompts": len(dataset), "num_generations": num_generations, **figures}, indent=2))
-        print(visible(f"eval metrics of {options.model} on {script.dataset_name} [{split}] written to {out}"))
+        from rloo.run.metrics import strict_json
+
+        samples = out.with_name("eval_completions.jsonl")
+        samples.write_text("".join(strict_json(row, samples.name) + "\n" for row in trainer.eval_samples))
+        print(visible(f"eval metrics of {options.model} on {script.dataset_name} [{split}] written to {out}, "
+                      f"each sample with its rewards to {samples.name}"))
     return metrics
 
 

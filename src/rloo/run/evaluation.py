@@ -8,11 +8,16 @@ rewards that are all 0 or 1 (correct or not) `pass@k` for k in 1, 2, 4, ... up t
 from the unbiased estimator of Chen et al. (2021): pass@k = 1 - C(n - c, k) / C(n, k) for c correct of n samples, averaged
 over prompts. `pass@k` is the weighted reward's; `rewards/{name}/pass@k` each binary function's.
 With tools or environments, `tools/call_frequency` and `tools/failure_frequency` as in training.
+
+Given a `samples` list, `evaluate` also fills it with one row per scored sample, in the eval set's order:
+its row `index`, prompt, completion (a trajectory as its messages), each reward function's value and the weighted
+`score` (eval_completions.jsonl: `RLOOTrainer.evaluate` with log_completions, and `rloo eval`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 import torch
@@ -102,6 +107,20 @@ def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequen
     return {prefix + key: value for key, value in metrics.items()}
 
 
+def sample_rows(indices: Sequence[int], num_generations: int, prompts: Sequence[Any], completions: Sequence[Any],
+                reward_names: Sequence[str], scored: Any) -> list[dict[str, Any]]:
+    """One row per sample of the prompts at dataset `indices` (K samples each, contiguous): index, sample number,
+    prompt, completion, each function's value (None where it did not apply) and the weighted score."""
+    rows = []
+    for b, (prompt, completion) in enumerate(zip(prompts, completions)):
+        values = scored.per_function[b].tolist()
+        rows.append({"index": indices[b // num_generations], "sample": b % num_generations, "prompt": prompt,
+                     "completion": completion,
+                     **{name: None if math.isnan(v) else v for name, v in zip(reward_names, values)},
+                     "score": float(scored.scores[b])})
+    return rows
+
+
 def first_prompts(sampled: SampledBatch, num_prompts: int, num_generations: int) -> SampledBatch:
     """The groups of the first `num_prompts` prompts of a batch (rows b*K + k of prompt b)."""
     rows = num_prompts * num_generations
@@ -112,7 +131,8 @@ def first_prompts(sampled: SampledBatch, num_prompts: int, num_generations: int)
 
 @torch.no_grad()
 def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_generations: int,
-             prompts_per_batch: int, global_step: int, prefix: str = "eval/") -> dict[str, float]:
+             prompts_per_batch: int, global_step: int, prefix: str = "eval/",
+             samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """Sample `num_generations` completions of every prompt of `dataset` (split over processes),
     score them with the collector's reward functions (`RolloutCollector.score`, unshaped) and return
     `eval_metrics` on every process.
@@ -120,8 +140,9 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     Every process makes the same number of `sample` calls: under sharding (FSDP2, ZeRO-3) each call
     gathers the weights, a collective. Where the split is uneven, a process whose share ran out
     fills its batch with a copy of a row, samples it and drops it unscored, so each prompt is
-    counted exactly once."""
+    counted exactly once. `samples`, when given, receives every scored sample's row (`sample_rows`) on every process."""
     acc = collector.accelerator
+    rows_scored: list[dict[str, Any]] = []
     indices = list(range(acc.process_index, len(dataset), acc.num_processes))
     per_process = -(-len(dataset) // acc.num_processes)  # the largest share
     parts: dict[str, list[torch.Tensor]] = {"scores": [], "per_function": [], "lengths": [], "truncated": [],
@@ -146,7 +167,10 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
             continue
         sampled = first_prompts(sampled, len(rows), num_generations)
         episodes = None if episodes is None else episodes.first(len(rows) * num_generations)
-        scored, _ = collector.score(rows, sampled, num_generations, global_step, episodes=episodes)
+        scored, texts = collector.score(rows, sampled, num_generations, global_step, episodes=episodes)
+        if samples is not None:
+            rows_scored += sample_rows(indices[start : start + len(rows)], num_generations, texts.prompts,
+                                       texts.shown(), reward_names, scored)
         shape = (len(rows), num_generations)
         parts["scores"].append(scored.scores.float().cpu().view(shape))
         parts["per_function"].append(scored.per_function.float().cpu().view(*shape, -1))
@@ -154,6 +178,8 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
         parts["truncated"].append((~sampled.has_eos).cpu().view(shape))
     progress.close()
     collector.model.train(was_training)
+    if samples is not None:  # every process's rows, back in the eval set's order
+        samples += sorted((row for part in gather_object([rows_scored]) for row in part), key=lambda r: r["index"])
     local = {key: torch.cat(values) for key, values in parts.items() if values}
     gathered = [part for part in gather_object([local]) if part]  # one dict per process
     merged = {key: torch.cat([part[key] for part in gathered if key in part]) for key in parts

@@ -310,6 +310,11 @@ class MetricsLogger:
             self.accelerator.log({tracker_text(k): v for k, v in tracker_metrics(metrics).items()}, step=step)
         return metrics
 
+    def log_eval_completions(self, rows: list[dict[str, Any]]) -> None:
+        """Every scored sample of an evaluation (`evaluation.sample_rows`), appended to eval_completions.jsonl."""
+        if self.accelerator.is_main_process and rows:
+            write_completions(self.output_dir / "eval_completions.jsonl", rows)
+
     def log_completions(self, rows: list[dict[str, Any]], step: int) -> None:
         """Rows from `completion_rows`: printed, appended to completions.jsonl, and logged as the
         "completions" table to the trackers that take tables (text to TensorBoard), log_multimodal's

@@ -27,7 +27,7 @@ from rloo.run.checkpoint import CHECKPOINT_NAME, TEMPORARY_NAME
 
 logger = logging.getLogger(__name__)
 
-HISTORY_FILES = ("metrics.jsonl", "completions.jsonl")
+HISTORY_FILES = ("metrics.jsonl", "completions.jsonl", "eval_completions.jsonl")
 
 
 def previous_run_files(output_dir: str | Path) -> list[Path]:
