@@ -133,7 +133,6 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step, self.episode = 0, 0
         self._evaluated_at, self._last_eval, self._reported_zero_spread, self._claimed_output_dir = -1, {}, False, False
-        self.eval_samples: list[dict[str, Any]] = []  # the last evaluate()'s samples, one row each (evaluation.sample_rows)
         self.run_id = uuid.uuid4().hex  # marks this run's checkpoints; a resumed run takes the checkpoint's
         self.stopped_by: str | None = None  # the signal that stopped train() early, if any
         self._attach_callbacks(callbacks)
@@ -375,20 +374,15 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         if eval_dataset is None:
             raise ConfigError("evaluate() needs an eval_dataset.")
         num_generations = self.args.num_generations_eval or self.args.num_generations
-        metrics: dict[str, float] = {}
-        self.eval_samples = []
+        metrics, self.eval_samples = {}, []  # eval_samples: every scored sample, a row each (evaluation.sample_rows)
         for name, dataset in trainer_api.named_eval_sets(eval_dataset):
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
-            samples: list[dict[str, Any]] = []
             figures = evaluation.evaluate(self.collector, dataset, [fn.name for fn in self.reward_functions],
                                           num_generations, self._eval_prompts_per_batch(num_generations),
-                                          self.global_step, prefix=f"{prefix}/", samples=samples)
-            self.eval_samples += [{"step": self.global_step, **({} if name is None else {"eval_set": name}), **row}
-                                  for row in samples]
+                                          self.global_step, f"{prefix}/", self.eval_samples, name)
             # transformers' and TRL's spelling too ("eval_reward"; TRL's trackers chart it as "eval/reward")
             metrics.update({**figures, **{f"{prefix}_{k[len(prefix) + 1:]}": v for k, v in figures.items()}})
-        if self.args.log_completions:
-            self.logger.log_eval_completions(self.eval_samples)
+        self.logger.log_eval_completions(self.eval_samples if self.args.log_completions else [])  # eval_completions.jsonl
         self.callback_handler.event("on_evaluate", metrics=metrics)
         return metrics
 

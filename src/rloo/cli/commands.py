@@ -65,17 +65,23 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
         figures = {name: value for name, value in metrics.items() if name.startswith("eval/")}
         for name, value in figures.items():
             print(visible(f"{name:<40} {format_value(value)}"))  # names hold reward functions' names
-        out = Path(config.output_dir) / "eval_results.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"model": options.model, "dataset": script.dataset_name, "split": split,
-                                   "prompts": len(dataset), "num_generations": num_generations, **figures}, indent=2))
-        from rloo.run.metrics import strict_json
-
-        samples = out.with_name("eval_completions.jsonl")
-        samples.write_text("".join(strict_json(row, samples.name) + "\n" for row in trainer.eval_samples))
+        out = _write_eval(Path(config.output_dir), {"model": options.model, "dataset": script.dataset_name,
+                                                    "split": split, "prompts": len(dataset),
+                                                    "num_generations": num_generations, **figures}, trainer.eval_samples)
         print(visible(f"eval metrics of {options.model} on {script.dataset_name} [{split}] written to {out}, "
-                      f"each sample with its rewards to {samples.name}"))
+                      f"each sample with its rewards to eval_completions.jsonl"))
     return metrics
+
+
+def _write_eval(folder: Path, results: dict[str, Any], samples: list[dict[str, Any]]) -> Path:
+    """eval_results.json (the figures and what was scored) and eval_completions.jsonl (every sample) in `folder`."""
+    from rloo.run.metrics import strict_json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "eval_results.json").write_text(json.dumps(results, indent=2))
+    (folder / "eval_completions.jsonl").write_text("".join(strict_json(row, "eval_completions.jsonl") + "\n"
+                                                           for row in samples))
+    return folder / "eval_results.json"
 
 
 def _one_rollout_of(dataset: Any, config: Any) -> Any:

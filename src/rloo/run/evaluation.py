@@ -108,13 +108,13 @@ def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequen
 
 
 def sample_rows(indices: Sequence[int], num_generations: int, prompts: Sequence[Any], completions: Sequence[Any],
-                reward_names: Sequence[str], scored: Any) -> list[dict[str, Any]]:
-    """One row per sample of the prompts at dataset `indices` (K samples each, contiguous): index, sample number,
-    prompt, completion, each function's value (None where it did not apply) and the weighted score."""
+                reward_names: Sequence[str], scored: Any, label: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per sample of the prompts at dataset `indices` (K samples each, contiguous): `label`'s fields, index,
+    sample number, prompt, completion, each function's value (None where it did not apply) and the weighted score."""
     rows = []
     for b, (prompt, completion) in enumerate(zip(prompts, completions)):
         values = scored.per_function[b].tolist()
-        rows.append({"index": indices[b // num_generations], "sample": b % num_generations, "prompt": prompt,
+        rows.append({**label, "index": indices[b // num_generations], "sample": b % num_generations, "prompt": prompt,
                      "completion": completion,
                      **{name: None if math.isnan(v) else v for name, v in zip(reward_names, values)},
                      "score": float(scored.scores[b])})
@@ -132,7 +132,7 @@ def first_prompts(sampled: SampledBatch, num_prompts: int, num_generations: int)
 @torch.no_grad()
 def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_generations: int,
              prompts_per_batch: int, global_step: int, prefix: str = "eval/",
-             samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
+             samples: list[dict[str, Any]] | None = None, eval_set: str | None = None) -> dict[str, float]:
     """Sample `num_generations` completions of every prompt of `dataset` (split over processes),
     score them with the collector's reward functions (`RolloutCollector.score`, unshaped) and return
     `eval_metrics` on every process.
@@ -140,7 +140,8 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     Every process makes the same number of `sample` calls: under sharding (FSDP2, ZeRO-3) each call
     gathers the weights, a collective. Where the split is uneven, a process whose share ran out
     fills its batch with a copy of a row, samples it and drops it unscored, so each prompt is
-    counted exactly once. `samples`, when given, receives every scored sample's row (`sample_rows`) on every process."""
+    counted exactly once. `samples`, when given, receives every scored sample's row (`sample_rows`, labelled with
+    the step and, for one of several eval sets, `eval_set`) on every process."""
     acc = collector.accelerator
     rows_scored: list[dict[str, Any]] = []
     indices = list(range(acc.process_index, len(dataset), acc.num_processes))
@@ -169,8 +170,9 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
         episodes = None if episodes is None else episodes.first(len(rows) * num_generations)
         scored, texts = collector.score(rows, sampled, num_generations, global_step, episodes=episodes)
         if samples is not None:
+            label = {"step": global_step, **({} if eval_set is None else {"eval_set": eval_set})}
             rows_scored += sample_rows(indices[start : start + len(rows)], num_generations, texts.prompts,
-                                       texts.shown(), reward_names, scored)
+                                       texts.shown(), reward_names, scored, label)
         shape = (len(rows), num_generations)
         parts["scores"].append(scored.scores.float().cpu().view(shape))
         parts["per_function"].append(scored.per_function.float().cpu().view(*shape, -1))
@@ -180,13 +182,19 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
     collector.model.train(was_training)
     if samples is not None:  # every process's rows, back in the eval set's order
         samples += sorted((row for part in gather_object([rows_scored]) for row in part), key=lambda r: r["index"])
+    return gathered_metrics(collector.args, parts, reward_names, prefix)
+
+
+def gathered_metrics(args: Any, parts: dict[str, list[torch.Tensor]], reward_names: Sequence[str],
+                     prefix: str) -> dict[str, float]:
+    """`eval_metrics`, TRL's eval_loss and the tools/ figures of every process's `parts` (gathered here)."""
     local = {key: torch.cat(values) for key, values in parts.items() if values}
     gathered = [part for part in gather_object([local]) if part]  # one dict per process
     merged = {key: torch.cat([part[key] for part in gathered if key in part]) for key in parts
               if any(key in part for part in gathered)}
     metrics = eval_metrics(merged["scores"], merged["per_function"], reward_names, merged["lengths"],
                            merged["truncated"], prefix)
-    args = collector.args  # TRL's eval_loss: the RLOO loss at ratio 1 on these samples
+    # TRL's eval_loss: the RLOO loss at ratio 1 on these samples
     valid = ~merged["per_function"].isnan().all(dim=-1) if merged["per_function"].shape[-1] else \
         torch.ones_like(merged["scores"], dtype=torch.bool)
     metrics[f"{prefix}loss"] = policy_loss_at_ratio_one(merged["scores"], valid, merged["lengths"],
