@@ -22,6 +22,14 @@ if [ "${DATA:-}" = short ]; then
   runs=$runs-short; extra+=(--dataset_name recipes/data/gsm8k_short_1shot)
 fi
 evals_wanted=2; [ "${EVAL_ON_START:-true}" = false ] && evals_wanted=1
+run() {  # the command, under the lock if LOCK is set, capped by TIMEOUT if set; output to $1
+  local log=$1; shift
+  [ -n "${TIMEOUT:-}" ] && set -- timeout "$TIMEOUT" "$@"
+  echo "$(date -u +%T) $*"
+  local start rc=0; start=$(date +%s)
+  if [ -n "${LOCK:-}" ]; then flock "$LOCK" "$@" > "$log" 2>&1 || rc=$?; else "$@" > "$log" 2>&1 || rc=$?; fi
+  echo "$(date -u +%T) $log: $(( $(date +%s) - start )) s (lock wait included), exit $rc"
+}
 for seed in "$@"; do
   for arm in tools plain; do
     config=recipes/gsm8k_tools_cpu.yaml; [ "$arm" = plain ] && config=recipes/gsm8k_cpu.yaml
@@ -33,11 +41,20 @@ for seed in "$@"; do
     cmd=(rloo train --config "$config" "${model[@]}" "${extra[@]}" --max_steps "$steps" --seed "$seed" --output_dir "$out"
          --eval_split test --eval_on_start "${EVAL_ON_START:-true}" --num_generations_eval 1 --max_eval_samples "$eval_samples"
          --per_device_eval_batch_size 16 --save_steps 0)
-    [ -n "${TIMEOUT:-}" ] && cmd=(timeout "$TIMEOUT" "${cmd[@]}")
-    echo "$(date -u +%T) ${cmd[*]}"
-    start=$(date +%s)
-    rc=0
-    if [ -n "${LOCK:-}" ]; then flock "$LOCK" "${cmd[@]}" > "$out.log" 2>&1 || rc=$?; else "${cmd[@]}" > "$out.log" 2>&1 || rc=$?; fi
-    echo "$(date -u +%T) $arm seed $seed: $(( $(date +%s) - start )) s (lock wait included), exit $rc"
+    run "$out.log" "${cmd[@]}"
   done
 done
+# Without eval_on_start, the starting point: each arm's starting model evaluated once (rloo eval), the same
+# problems and settings as the runs' final evaluations.
+if [ "${EVAL_ON_START:-true}" = false ]; then
+  for arm in tools plain; do
+    config=recipes/gsm8k_tools_cpu.yaml; [ "$arm" = plain ] && config=recipes/gsm8k_cpu.yaml
+    model=recipes/models/smollm2-135m-instruct-tools; [ "$arm" = plain ] && model=recipes/models/smollm2-135m-instruct
+    [ "${VARIANT:-}" = sft ] && model=recipes/models/smollm2-135m-instruct-sft-$arm
+    out=$runs/$arm-before
+    [ -f "$out/eval_completions.jsonl" ] && continue
+    rm -rf "$out"
+    run "$out.log" rloo eval --model "$model" --config "$config" "${extra[@]}" --output_dir "$out" --eval_split test \
+      --num_generations_eval 1 --max_eval_samples "$eval_samples" --per_device_eval_batch_size 16 --seed 0
+  done
+fi
