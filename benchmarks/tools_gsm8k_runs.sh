@@ -52,7 +52,7 @@ if [ "${EVAL_ON_START:-true}" = false ]; then
     model=recipes/models/smollm2-135m-instruct-tools; [ "$arm" = plain ] && model=recipes/models/smollm2-135m-instruct
     [ "${VARIANT:-}" = sft ] && model=recipes/models/smollm2-135m-instruct-sft-$arm
     out=$runs/$arm-before
-    [ -f "$out/eval_completions.jsonl" ] && continue
+    [ -f "$out/eval_samples.jsonl" ] && continue
     rm -rf "$out"
     run "$out.log" rloo eval --model "$model" --config "$config" "${extra[@]}" --output_dir "$out" --eval_split test \
       --num_generations_eval 1 --max_eval_samples "$eval_samples" --per_device_eval_batch_size 16 --seed 0

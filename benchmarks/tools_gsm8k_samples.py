@@ -2,8 +2,8 @@
 
     python benchmarks/tools_gsm8k_samples.py runs/tools-gsm8k-sft-short
 
-reads every `eval_completions.jsonl` under the folder (`rloo eval` of an arm's starting model in `<arm>-before/`,
-training's final evaluation in `<arm>-s<seed>/`: benchmarks/tools_gsm8k_runs.sh) and counts, per arm and stage:
+reads the samples under the folder (`rloo eval`'s eval_samples.jsonl of an arm's starting model in `<arm>-before/`,
+the eval_completions.jsonl of training's final evaluation in `<arm>-s<seed>/`: benchmarks/tools_gsm8k_runs.sh) and counts, per arm and stage:
 
 - accuracy (the gsm8k_accuracy column) and problems evaluated;
 - computations: each calculator call (a failed one counts as wrong) and each "a op b = c" the model wrote in
@@ -80,7 +80,7 @@ def sample_figures(completion) -> dict:
 def read_samples(folder: Path) -> dict[tuple[str, str], list[dict]]:
     """{(arm, stage): rows}: stage "before" from <arm>-before, "after" from each <arm>-s<seed>'s last evaluation."""
     found = collections.defaultdict(list)
-    for path in sorted(folder.glob("*/eval_completions.jsonl")):
+    for path in sorted([*folder.glob("*/eval_completions.jsonl"), *folder.glob("*-before/eval_samples.jsonl")]):
         arm, _, tag = path.parent.name.partition("-")
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         if tag != "before":
@@ -120,7 +120,7 @@ def main() -> None:
     options = parser.parse_args()
     found = read_samples(options.folder)
     if not found:
-        sys.exit(f"no eval_completions.jsonl under {options.folder}/*/")
+        sys.exit(f"no eval_samples.jsonl or eval_completions.jsonl under {options.folder}/*/")
     results = {f"{arm} {stage}": summary(rows) for (arm, stage), rows in sorted(found.items())}
     for stage in ("before", "after"):
         if ("tools", stage) in found and ("plain", stage) in found:

@@ -154,7 +154,7 @@ def test_rloo_eval_cli_on_a_saved_model(tmp_path, make_model, tokenizer, capsys)
     assert len(printed) == len(set(printed)) and not any(name.startswith("eval_") for name in printed)  # once each
     assert not (tmp_path / "out" / "metrics.jsonl").exists()  # nothing trained, nothing logged as training
     # Every sample, in the data's order, with the rewards the figures were computed from.
-    samples = [json.loads(line) for line in (tmp_path / "out" / "eval_completions.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (tmp_path / "out" / "eval_samples.jsonl").read_text().splitlines()]
     assert [(row["index"], row["sample"]) for row in samples] == [(i, k) for i in range(6) for k in range(4)]
     assert [row["prompt"] for row in samples[::4]] == [f"{a}+{a}=" for a in range(6)]
     assert all(isinstance(row["completion"], str) and row["step"] == 0 for row in samples)

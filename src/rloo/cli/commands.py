@@ -69,18 +69,19 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
                                                     "split": split, "prompts": len(dataset),
                                                     "num_generations": num_generations, **figures}, trainer.eval_samples)
         print(visible(f"eval metrics of {options.model} on {script.dataset_name} [{split}] written to {out}, "
-                      f"each sample with its rewards to eval_completions.jsonl"))
+                      f"each sample with its rewards to eval_samples.jsonl"))
     return metrics
 
 
 def _write_eval(folder: Path, results: dict[str, Any], samples: list[dict[str, Any]]) -> Path:
-    """eval_results.json (the figures and what was scored) and eval_completions.jsonl (every sample) in `folder`."""
+    """eval_results.json (the figures and what was scored) and eval_samples.jsonl (every sample) in `folder`, both
+    replaced by the next `rloo eval` there. Not eval_completions.jsonl: a training run in the same folder appends its
+    evaluations' samples to that file, which this must not overwrite."""
     from rloo.run.metrics import strict_json
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "eval_results.json").write_text(json.dumps(results, indent=2))
-    (folder / "eval_completions.jsonl").write_text("".join(strict_json(row, "eval_completions.jsonl") + "\n"
-                                                           for row in samples))
+    (folder / "eval_samples.jsonl").write_text("".join(strict_json(row, "eval_samples.jsonl") + "\n" for row in samples))
     return folder / "eval_results.json"
 
 

@@ -11,7 +11,7 @@ With tools or environments, `tools/call_frequency` and `tools/failure_frequency`
 
 Given a `samples` list, `evaluate` also fills it with one row per scored sample, in the eval set's order:
 its row `index`, prompt, completion (a trajectory as its messages), each reward function's value and the weighted
-`score` (eval_completions.jsonl: `RLOOTrainer.evaluate` with log_completions, and `rloo eval`).
+`score` (eval_completions.jsonl from `RLOOTrainer.evaluate` with log_completions; eval_samples.jsonl from `rloo eval`).
 """
 
 from __future__ import annotations
