@@ -2,8 +2,9 @@
 
     python benchmarks/tools_gsm8k_samples.py runs/tools-gsm8k-sft-short
 
-reads the samples under the folder (`rloo eval`'s eval_samples.jsonl of an arm's starting model in `<arm>-before/`,
-the eval_completions.jsonl of training's final evaluation in `<arm>-s<seed>/`: benchmarks/tools_gsm8k_runs.sh) and counts, per arm and stage:
+reads the samples under the folder (`rloo eval`'s eval_samples.jsonl of an arm's starting model in
+`<arm>-before/`, the eval_completions.jsonl of training's final evaluation in `<arm>-s<seed>/`:
+benchmarks/tools_gsm8k_runs.sh) and counts, per arm and stage:
 
 - accuracy (the gsm8k_accuracy column) and problems evaluated;
 - computations: each calculator call (a failed one counts as wrong) and each "a op b = c" the model wrote in
