@@ -30,7 +30,8 @@ def _train(tmp_path, output_dir, kill=None, resume=False):
              "--reward_funcs", f"{HERE / 'killable_train.py'}:digit_fraction", "--output_dir", str(output_dir),
              "--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "6",
              "--learning_rate", "3e-3", "--beta", "0.1", "--max_steps", "8", "--save_steps", "2",
-             "--save_total_limit", "2", "--logging_steps", "1", "--log_completions", "true", "--seed", "0"]
+             "--save_total_limit", "2", "--logging_steps", "1", "--log_completions", "true", "--seed", "0",
+             "--eval_split", "train", "--eval_steps", "3", "--max_eval_samples", "3", "--num_generations_eval", "2"]
     if resume:
         flags += ["--resume_from_checkpoint", "latest"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLOO_KILL": kill or "",
@@ -75,7 +76,10 @@ def test_kills_and_sigterm_then_resume_latest_equal_the_uninterrupted_run(tmp_pa
     for name in expected:
         assert torch.equal(expected[name], got[name]), name
     assert _rows(run / "metrics.jsonl") == _rows(tmp_path / "straight" / "metrics.jsonl")
-    assert [r["step"] for r in _rows(run / "metrics.jsonl")] == list(range(1, 9))
+    assert [r["step"] for r in _rows(run / "metrics.jsonl") if "eval/reward" not in r] == list(range(1, 9))
     assert (run / "completions.jsonl").read_text() == (tmp_path / "straight" / "completions.jsonl").read_text()
+    evals = (run / "eval_completions.jsonl").read_text()  # steps 3 and 6 (cut back and redone on resume) and 8
+    assert evals == (tmp_path / "straight" / "eval_completions.jsonl").read_text()
+    assert [json.loads(line)["step"] for line in evals.splitlines()] == [3] * 6 + [6] * 6 + [8] * 6
     # Rotation kept this run's two newest complete checkpoints and no temporary directory.
     assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint-6", "checkpoint-8"]
