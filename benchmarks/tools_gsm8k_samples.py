@@ -10,6 +10,9 @@ benchmarks/tools_gsm8k_runs.sh) and counts, per arm and stage:
 - computations: each calculator call (a failed one counts as wrong) and each "a op b = c" the model wrote in
   its own text (`12/3 = 5.6`: numbers and + - * / x only, a result after the "="), checked with the recipe's
   calculator; the share that is right, and computations per sample;
+- the values carried forward (a call's result, the number after a written "="): the share that is one of the
+  reference solution's own intermediate results (its <<48/2=24>> annotations, from --data), i.e. a step of a
+  right solution, set up and computed right;
 - with the tool, how often the text after a result starts with that result (the model copies the calculator);
 - paired, on the problems both arms answered at the same stage: solved by the tool arm only, the plain arm only,
   both, neither.
@@ -35,6 +38,18 @@ NUMBER = r"\$?\d[\d,]*(?:\.\d+)?"
 EQUATION = re.compile(rf"((?:{NUMBER}|[()])(?:\s*(?:[-+*/x×÷]|\(|\))\s*\(?\s*{NUMBER}\)?)+)\s*=\s*({NUMBER})")
 
 
+def reference_steps(answer: str) -> list[float]:
+    """The intermediate results of a GSM8K reference solution: the value after each annotation's "="."""
+    return [float(value) for value in re.findall(r"<<[^>]*=\s*(-?[\d.]+)\s*>>", answer) if value.strip(".")]
+
+
+def as_number(text: str) -> float | None:
+    try:
+        return float(text.replace("$", "").replace(",", "").strip())
+    except ValueError:
+        return None
+
+
 def arithmetic_right(expression: str, stated: str) -> bool | None:
     """Whether `expression` evaluates to `stated` (within a cent), None if the calculator cannot read it."""
     try:
@@ -51,8 +66,9 @@ def text_equations(text: str) -> list[bool]:
     return [right for right in checked if right is not None]
 
 
-def sample_figures(completion) -> dict:
-    """Computations of one sample: a completion's text, or a trajectory's messages."""
+def sample_figures(completion, steps: list[float]) -> dict:
+    """Computations of one sample (a completion's text, or a trajectory's messages); `steps`: the reference
+    solution's intermediate results."""
     if isinstance(completion, str):
         completion = [{"role": "assistant", "content": completion}]
     figures = collections.Counter()
@@ -64,6 +80,7 @@ def sample_figures(completion) -> dict:
             figures["calls"] += 1
             figures["right"] += not failed
             figures["computations"] += 1
+            figures["on_reference"] += on_reference(as_number(last_result), steps)
             continue
         content = message.get("content") or ""
         if last_result is not None and not last_result.startswith('{"error"'):
@@ -71,11 +88,17 @@ def sample_figures(completion) -> dict:
             figures["results_copied"] += content.lstrip(" $").startswith(last_result)
         last_result = None
         equations = text_equations(content)
+        figures["on_reference"] += sum(on_reference(as_number(stated), steps) for expression, stated
+                                       in EQUATION.findall(content) if arithmetic_right(expression, stated) is not None)
         figures["computations"] += len(equations)
         figures["right"] += sum(equations)
         figures["text_equations"] += len(equations)
         figures["text_right"] += sum(equations)
     return figures
+
+
+def on_reference(value: float | None, steps: list[float]) -> bool:
+    return value is not None and any(abs(value - step) < 0.01 for step in steps)
 
 
 def read_samples(folder: Path) -> dict[tuple[str, str], list[dict]]:
@@ -91,14 +114,15 @@ def read_samples(folder: Path) -> dict[tuple[str, str], list[dict]]:
     return found
 
 
-def summary(rows: list[dict]) -> dict:
+def summary(rows: list[dict], answers: list[str]) -> dict:
     totals = collections.Counter()
     for row in rows:
-        totals.update(sample_figures(row["completion"]))
+        totals.update(sample_figures(row["completion"], reference_steps(answers[row["index"]])))
     n = len(rows)
     return {"samples": n, "accuracy": sum(row["gsm8k_accuracy"] or 0 for row in rows) / n,
             "computations_per_sample": totals["computations"] / n,
             "computations_right": totals["right"] / max(totals["computations"], 1),
+            "computations_on_reference": totals["on_reference"] / max(totals["computations"], 1),
             "calls_per_sample": totals["calls"] / n,
             "text_equations_per_sample": totals["text_equations"] / n,
             "text_equations_right": totals["text_right"] / max(totals["text_equations"], 1),
@@ -118,11 +142,14 @@ def paired(tools: list[dict], plain: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path)
+    parser.add_argument("--data", type=Path, default=ROOT / "recipes" / "data" / "gsm8k_short_1shot" / "test.jsonl",
+                        help="the eval split the runs scored (its rows' `answer` gives the reference steps)")
     options = parser.parse_args()
+    answers = [json.loads(line)["answer"] for line in options.data.read_text().splitlines()]
     found = read_samples(options.folder)
     if not found:
         sys.exit(f"no eval_samples.jsonl or eval_completions.jsonl under {options.folder}/*/")
-    results = {f"{arm} {stage}": summary(rows) for (arm, stage), rows in sorted(found.items())}
+    results = {f"{arm} {stage}": summary(rows, answers) for (arm, stage), rows in sorted(found.items())}
     for stage in ("before", "after"):
         if ("tools", stage) in found and ("plain", stage) in found:
             results[f"paired {stage}"] = paired(found[("tools", stage)], found[("plain", stage)])
