@@ -4,15 +4,12 @@ benchmarks/tools_gsm8k_runs.sh.
     bash benchmarks/tools_gsm8k_runs.sh 10 0 1 2   # rloo train, recipe by recipe, seed by seed
     python benchmarks/tools_gsm8k.py                                           # reads runs/tools-gsm8k/*/metrics.jsonl
     python benchmarks/tools_gsm8k.py --variant sft    # runs/tools-gsm8k-sft: the SFT warm starts (VARIANT=sft above)
-    python benchmarks/tools_gsm8k.py --variant sft-short   # runs/tools-gsm8k-sft-short (DATA=short VARIANT=sft)
 
 Each run is `rloo train --config recipes/gsm8k_tools_cpu.yaml` ("tools") or `recipes/gsm8k_cpu.yaml` ("plain")
 with --eval_split test --eval_on_start true --num_generations_eval 1 --max_eval_samples 64: held-out is one
 completion sampled at the recipe's temperature (0.8) for each of the first 64 test problems, before the first
 step and after the last, scored by gsm8k_accuracy (and, with the tool, eval/tools/call_frequency and
-/failure_frequency). Runs made with EVAL_ON_START=false take their "before" from the arm's one evaluation of
-the starting model, `<arm>-before/eval_results.json` (rloo eval). Writes benchmarks/results/tools_gsm8k[_<variant>].json
-and docs/recipes_gsm8k_tools[_<variant>].png.
+/failure_frequency). Writes benchmarks/results/tools_gsm8k[_sft].json and docs/recipes_gsm8k_tools[_sft].png.
 """
 
 from __future__ import annotations
@@ -35,13 +32,9 @@ def read_run(folder: Path) -> dict | None:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     evals = [line for line in lines if "eval/reward" in line]
     steps = [line for line in lines if "rewards/gsm8k_accuracy/mean" in line and "eval/reward" not in line]
-    start = folder.with_name(folder.name.split("-s")[0] + "-before") / "eval_results.json"
-    if start.exists() and not any(e["step"] == 0 for e in evals):  # the arm's starting model, evaluated once
-        evals.insert(0, {**json.loads(start.read_text()), "step": 0})
     held_out = [{"step": e["step"], "accuracy": e["eval/rewards/gsm8k_accuracy/mean"],
                  "format": e["eval/rewards/gsm8k_format/mean"], "tool_calls": e.get("eval/tools/call_frequency"),
-                 "tool_failures": e.get("eval/tools/failure_frequency"),
-                 "length": e.get("eval/completions/mean_length")} for e in evals]
+                 "tool_failures": e.get("eval/tools/failure_frequency")} for e in evals]
     curves = {name: [s.get(key) for s in steps] for name, key in CURVES.items()}
     return {"held_out": held_out, "curves": curves, "steps": len(steps),
             "train_tool_calls": sum(s.get("tools/call_frequency", 0.0) for s in steps) / max(len(steps), 1)}
@@ -77,12 +70,11 @@ def plot(results: dict, path: Path, held_out: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", default="", choices=["", "sft", "sft-short"],
-                        help="sft: the runs from the SFT warm starts; sft-short: the same on the short problems")
+    parser.add_argument("--variant", default="", choices=["", "sft"], help="sft: the runs from the SFT warm starts")
     parser.add_argument("--held-out", type=int, default=64, help="test problems per evaluation (the plot's title)")
     options = parser.parse_args()
     runs = RUNS.with_name(f"{RUNS.name}-{options.variant}") if options.variant else RUNS
-    suffix = f"_{options.variant.replace('-', '_')}" if options.variant else ""
+    suffix = f"_{options.variant}" if options.variant else ""
     out = ROOT / "benchmarks" / "results" / f"tools_gsm8k{suffix}.json"
     found = {folder.name: run for folder in sorted(runs.iterdir()) if folder.is_dir() and (run := read_run(folder))} \
         if runs.is_dir() else {}

@@ -3,11 +3,13 @@
 #   bash benchmarks/tools_gsm8k_runs.sh STEPS SEED...      e.g. bash benchmarks/tools_gsm8k_runs.sh 10 0 1 2
 #   VARIANT=sft EVAL=32 bash benchmarks/tools_gsm8k_runs.sh 3 0   # from the SFT warm starts (recipes/prepare.py
 #                                                                # smollm2-sft-tools smollm2-sft-plain), 384 tokens
-#   DATA=short VARIANT=sft EVAL=64 EVAL_ON_START=false bash benchmarks/tools_gsm8k_runs.sh 6 0 1 2
-#                                 # the problems of one or two calculations (recipes/data/gsm8k_short_1shot);
-#                                 # the starting point is evaluated once per arm (rloo eval, docs/recipes.md)
+#   DATA=short VARIANT=sft EVAL=192 EVAL_ON_START=false bash benchmarks/tools_gsm8k_runs.sh 6
+#                                 # the problems of one or two calculations (recipes/data/gsm8k_short_1shot): with
+#                                 # EVAL_ON_START=false each arm's starting model is evaluated once (rloo eval, into
+#                                 # <arm>-before/, samples included), after the seeds' runs if any are given;
+#                                 # benchmarks/tools_gsm8k_samples.py reads the samples (docs/recipes.md)
 # Each run holds /work/wt/longrun.lock-style locking only if LOCK is set (LOCK=/path/to/lock); it writes
-# runs/tools-gsm8k[-sft]/{tools,plain}-s<seed>/metrics.jsonl, which benchmarks/tools_gsm8k.py reads and plots.
+# runs/tools-gsm8k[-sft][-short]/{tools,plain}-s<seed>/metrics.jsonl, which benchmarks/tools_gsm8k.py reads and plots.
 # TIMEOUT=seconds caps each run (default: none).
 set -euo pipefail
 steps=$1; shift
