@@ -84,3 +84,16 @@ def test_prepare_reads_gsm8k_from_openai_jsonl_or_the_hub_parquet_layout(tmp_pat
     assert prepare.local_gsm8k(tmp_path / "hub", "test") == problems
     with pytest.raises(SystemExit, match="neither train.jsonl .* nor main/train-.*parquet"):
         prepare.local_gsm8k(tmp_path / "hub", "train")
+
+
+def test_prepare_counts_a_gsm8k_solutions_calculations_for_the_short_split():
+    import sys
+
+    sys.path.insert(0, str(RECIPES))
+    import prepare
+
+    janet = ("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every day at "
+             "the farmer's market.\n#### 18")
+    assert prepare.calculations(janet) == 2  # GSM8K's first test problem: in gsm8k_short_1shot
+    assert prepare.calculations("<<3*(16.50+22.50+42)=243>>243\n#### 243") == 1
+    assert prepare.calculations("4 + 5 = 9\n#### 9") == 0  # no annotation: not in the short split
