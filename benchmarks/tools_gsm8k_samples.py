@@ -17,7 +17,8 @@ benchmarks/tools_gsm8k_runs.sh) and counts, per arm and stage:
 - paired, on the problems both arms answered at the same stage: solved by the tool arm only, the plain arm only,
   both, neither.
 
-Writes benchmarks/results/tools_gsm8k_samples.json.
+Writes benchmarks/results/tools_gsm8k_samples.json and, from the warm starts' samples ("before"),
+docs/recipes_gsm8k_tools_short.png.
 """
 
 from __future__ import annotations
@@ -139,6 +140,30 @@ def paired(tools: list[dict], plain: list[dict]) -> dict:
             "both": table[(True, True)], "neither": table[(False, False)]}
 
 
+def plot(results: dict, path: Path) -> None:
+    """Bars per arm (the warm starts): accuracy, computations right, values on a reference step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measures = {"accuracy": "accuracy", "computations right": "computations_right",
+                "values that are a\nreference solution's step": "computations_on_reference"}
+    figure, axis = plt.subplots(figsize=(7.5, 3.6))
+    for offset, (arm, colour) in enumerate((("tools", "tab:blue"), ("plain", "tab:orange"))):
+        figures = results[f"{arm} before"]
+        xs = [i + (offset - 0.5) * 0.38 for i in range(len(measures))]
+        bars = axis.bar(xs, [figures[key] for key in measures.values()], width=0.38, color=colour,
+                        label=f"{'with' if arm == 'tools' else 'without'} the calculator ({figures['samples']} samples)")
+        axis.bar_label(bars, fmt="%.3f", fontsize=8)
+    axis.set_xticks(range(len(measures)), list(measures))
+    axis.set_ylim(0, 1.05)
+    axis.set_title("SmolLM2-135M SFT warm starts, GSM8K problems of 1-2 calculations")
+    axis.legend(fontsize=8, loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path)
@@ -159,6 +184,9 @@ def main() -> None:
     out = ROOT / "benchmarks" / "results" / "tools_gsm8k_samples.json"
     out.write_text(json.dumps({"folder": str(options.folder), **results}, indent=1))
     print(f"wrote {out}")
+    if "tools before" in results and "plain before" in results:
+        plot(results, ROOT / "docs" / "recipes_gsm8k_tools_short.png")
+        print("wrote docs/recipes_gsm8k_tools_short.png")
 
 
 if __name__ == "__main__":
