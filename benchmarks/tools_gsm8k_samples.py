@@ -61,10 +61,10 @@ def arithmetic_right(expression: str, stated: str) -> bool | None:
     return abs(value - target) < 0.01 + 1e-6 * abs(value)
 
 
-def text_equations(text: str) -> list[bool]:
-    """Each checkable "a op b = c" in `text`: True where it is right."""
-    checked = (arithmetic_right(expression, stated) for expression, stated in EQUATION.findall(text))
-    return [right for right in checked if right is not None]
+def text_equations(text: str) -> list[tuple[bool, str]]:
+    """Each checkable "a op b = c" in `text`: whether it is right, and the stated c."""
+    checked = ((arithmetic_right(expression, stated), stated) for expression, stated in EQUATION.findall(text))
+    return [(right, stated) for right, stated in checked if right is not None]
 
 
 def sample_figures(completion, steps: list[float]) -> dict:
@@ -89,12 +89,12 @@ def sample_figures(completion, steps: list[float]) -> dict:
             figures["results_copied"] += content.lstrip(" $").startswith(last_result)
         last_result = None
         equations = text_equations(content)
-        figures["on_reference"] += sum(on_reference(as_number(stated), steps) for expression, stated
-                                       in EQUATION.findall(content) if arithmetic_right(expression, stated) is not None)
+        right = sum(r for r, _ in equations)
+        figures["on_reference"] += sum(on_reference(as_number(stated), steps) for _, stated in equations)
         figures["computations"] += len(equations)
-        figures["right"] += sum(equations)
+        figures["right"] += right
         figures["text_equations"] += len(equations)
-        figures["text_right"] += sum(equations)
+        figures["text_right"] += right
     return figures
 
 

@@ -17,7 +17,6 @@ its row `index`, prompt, completion (a trajectory as its messages), each reward 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Sequence
 
 import torch
@@ -27,7 +26,7 @@ from tqdm.auto import tqdm
 from rloo.data.schedule import select_rows
 from rloo.generation.base import SampledBatch, model_token_mask
 from rloo.rewards.scoring import reward_function_metrics
-from rloo.run.metrics import length_metrics
+from rloo.run.metrics import length_metrics, reward_cells
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
@@ -113,10 +112,8 @@ def sample_rows(indices: Sequence[int], num_generations: int, prompts: Sequence[
     sample number, prompt, completion, each function's value (None where it did not apply) and the weighted score."""
     rows = []
     for b, (prompt, completion) in enumerate(zip(prompts, completions)):
-        values = scored.per_function[b].tolist()
         rows.append({**label, "index": indices[b // num_generations], "sample": b % num_generations, "prompt": prompt,
-                     "completion": completion,
-                     **{name: None if math.isnan(v) else v for name, v in zip(reward_names, values)},
+                     "completion": completion, **reward_cells(reward_names, scored.per_function[b]),
                      "score": float(scored.scores[b])})
     return rows
 

@@ -108,6 +108,11 @@ class MetricsWindow:
         return means
 
 
+def reward_cells(reward_names: Sequence[str], values: torch.Tensor) -> dict[str, float | None]:
+    """One completion's (F,) reward values by function name, None where the function did not apply (NaN)."""
+    return {name: None if math.isnan(v) else v for name, v in zip(reward_names, values.tolist())}
+
+
 def completion_rows(prompts: Sequence[Any], completions: Sequence[Any], reward_names: Sequence[str],
                     reward_columns: torch.Tensor, scores: Sequence[float], advantages: Sequence[float],
                     step: int, max_rows: int, extra: dict[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
@@ -116,7 +121,7 @@ def completion_rows(prompts: Sequence[Any], completions: Sequence[Any], reward_n
     functions added with TRL's `log_extra`. A multi-turn completion is its messages (`Samples.shown`)."""
     rows = []
     for index in range(min(max_rows, len(completions))):
-        per_function = {name: (None if math.isnan(v) else v) for name, v in zip(reward_names, reward_columns[index].tolist())}
+        per_function = reward_cells(reward_names, reward_columns[index])
         added = {column: values[index] for column, values in (extra or {}).items() if index < len(values)}
         rows.append({"step": step, "prompt": prompts[index], "completion": completions[index], **per_function,
                      "score": float(scores[index]), "advantage": float(advantages[index]), **added})
