@@ -71,6 +71,18 @@ def test_eval_metrics_are_the_hand_values(runs):
     assert m["eval_one/completions/clipped_ratio"] == 1
 
 
+def test_every_process_holds_every_sample_in_the_eval_sets_order(runs):
+    """The eval sample rows (eval_completions.jsonl) gathered from two processes: each set's rows in its own order,
+    on every process, equal to one process's."""
+    single, ranks, _ = runs
+    keys = [(row["eval_set"], row["index"], row["sample"]) for row in single["samples"]]
+    assert keys == [("five", i, k) for i in range(5) for k in range(N)] + [("one", 0, k) for k in range(N)]
+    assert [row["prompt"] for row in single["samples"]] == [p for p in FIVE for _ in range(N)] + ["7+2=9"] * N
+    c = [1, 2, 3, 4, 0, 4]  # first_c_correct's correct samples per prompt (answer mod 5)
+    assert [row["first_c_correct"] for row in single["samples"]] == [float(k < n) for n in c for k in range(N)]
+    assert ranks[0]["samples"] == ranks[1]["samples"] == single["samples"]
+
+
 def test_every_eval_prompt_is_scored_exactly_once(runs):
     single, ranks, _ = runs
     expected = Counter({prompt: N for prompt in [*FIVE, "7+2=9"]})

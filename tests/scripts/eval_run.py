@@ -48,10 +48,10 @@ args = RLOOConfig(output_dir=str(out / "run"), per_device_train_batch_size=4, nu
 trainer = RLOOTrainer(model, [first_c_correct, completion_tokens], args=args, train_dataset=train,
                       eval_dataset={"five": five, "one": one}, processing_class=tokenizer)
 metrics = trainer.evaluate()
-evaluated = list(scored)
+evaluated, samples = list(scored), trainer.eval_samples
 trainer.train()  # lr 1e-30 moves no fp32 weight: the eval logged at step 1 is of the same weights
 rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
 (out / f"rank{rank}.json").write_text(json.dumps({
-    "num_processes": world, "metrics": metrics, "scored": evaluated,
+    "num_processes": world, "metrics": metrics, "scored": evaluated, "samples": samples,
     "prompts_per_step": args.prompts_per_step, "eos_token_id": tokenizer.eos_token_id,
 }))
