@@ -43,8 +43,8 @@ import torch
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.algo.advantages import compute_advantages
-from rloo.algo.logprobs import completion_logprobs
 from rloo.generation import GenerateSampler
+from rloo.passes.logprobs import completion_logprobs
 from rloo.toy import addition_split, exact_match_reward, greedy_accuracy, warm_started_addition_model
 
 ESTIMATORS = ("rloo", "grpo", "drgrpo", "reinforce", "reinforce_pp")

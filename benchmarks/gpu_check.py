@@ -308,7 +308,7 @@ def training_pass(model, rows: dict, forward: Callable, device: str, precision: 
 
 
 def whole_rows(model, rows: dict, temperature: float):
-    from rloo.algo.logprobs import completion_logprobs
+    from rloo.passes.logprobs import completion_logprobs
 
     input_ids = torch.cat([rows["prompt_ids"], rows["completion_ids"]], dim=1)
     attention_mask = torch.cat([rows["prompt_mask"], rows["completion_mask"]], dim=1)
@@ -317,7 +317,7 @@ def whole_rows(model, rows: dict, temperature: float):
 
 
 def shared_prefix(model, rows: dict, temperature: float):
-    from rloo.algo.prefix_logprobs import shared_prompt_logprobs
+    from rloo.passes.prefix_logprobs import shared_prompt_logprobs
 
     return shared_prompt_logprobs(model, rows["prompt_ids"], rows["prompt_mask"], rows["completion_ids"],
                                   rows["completion_mask"], temperature, with_entropy=True, entropy_grad=True)
@@ -326,7 +326,7 @@ def shared_prefix(model, rows: dict, temperature: float):
 @contextlib.contextmanager
 def plain_head():
     """The plain path: full logits from the model's own head (rloo's fallback when the head is out of reach)."""
-    from rloo.algo import logprobs as logprobs_module
+    from rloo.passes import logprobs as logprobs_module
 
     original = logprobs_module.reachable_head
     logprobs_module.reachable_head = lambda model: None
@@ -353,7 +353,7 @@ def check_tiled_head(plan: Plan, precision: str) -> dict:
 
 
 def check_lean_activations(plan: Plan, precision: str) -> dict:
-    from rloo.algo.lean_activations import lean_activations
+    from rloo.passes.lean_activations import lean_activations
 
     plain = build_model(plan.model, plan.device, plan.correctness_layers)
     lean = copy.deepcopy(plain)
@@ -487,7 +487,7 @@ def check_rloo_step(plan: Plan) -> dict:
 
 def fresh_accelerate_state() -> None:
     """accelerate keeps one device and precision per process; each trainer here sets its own. (A private call in
-    a benchmark script, not in the package: tests/dist/test_accelerate_internals.py guards src/rloo only.)"""
+    a benchmark script, not in the package: tests/distributed/test_accelerate_internals.py guards src/rloo only.)"""
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)

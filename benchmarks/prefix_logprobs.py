@@ -26,8 +26,8 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this checkout's rloo first
 
-from rloo.algo.logprobs import completion_logprobs  # noqa: E402
-from rloo.algo.prefix_logprobs import grouped_completion_logprobs  # noqa: E402
+from rloo.passes.logprobs import completion_logprobs  # noqa: E402
+from rloo.passes.prefix_logprobs import grouped_completion_logprobs  # noqa: E402
 
 MODELS = {
     "body": dict(vocab_size=1_000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,

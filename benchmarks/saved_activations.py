@@ -30,9 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's rloo first
 
-from rloo.algo.lean_activations import lean_activations  # noqa: E402
-from rloo.algo.logprobs import completion_logprobs  # noqa: E402
-from rloo.algo.prefix_logprobs import shared_prompt_logprobs  # noqa: E402
+from rloo.passes.lean_activations import lean_activations  # noqa: E402
+from rloo.passes.logprobs import completion_logprobs  # noqa: E402
+from rloo.passes.prefix_logprobs import shared_prompt_logprobs  # noqa: E402
 from rloo.run.allocator import return_large_buffers_to_os  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

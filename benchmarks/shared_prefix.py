@@ -1,6 +1,6 @@
 """Seconds per training forward + backward of one micro-batch: every row whole (`completion_logprobs`
 on [prompt | completion], each prompt run K times) against the shared-prefix forward
-(`shared_prefix_forward`, `algo.prefix_logprobs.shared_prompt_logprobs`: each prompt run once with
+(`shared_prefix_forward`, `passes.prefix_logprobs.shared_prompt_logprobs`: each prompt run once with
 grad, its K completions on copies of its KV cache, which stay in the autograd graph).
 
     OMP_NUM_THREADS=1 python benchmarks/shared_prefix.py
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this 
 
 from prefix_logprobs import MODELS, clock  # noqa: E402  (the sibling benchmark: same models, same clock)
 
-from rloo.algo.logprobs import completion_logprobs  # noqa: E402
-from rloo.algo.prefix_logprobs import shared_prompt_logprobs  # noqa: E402
+from rloo.passes.logprobs import completion_logprobs  # noqa: E402
+from rloo.passes.prefix_logprobs import shared_prompt_logprobs  # noqa: E402
 
 SHAPES = [(512, 64), (512, 256), (64, 256), (1024, 32)]  # (prompt, completion)
 K = 8

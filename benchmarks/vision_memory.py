@@ -15,9 +15,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vision"))
 import standin_vlms  # noqa: E402
 
-from rloo.algo.logprobs import completion_logprobs  # noqa: E402
-from rloo.algo.prefix_logprobs import grouped_completion_logprobs, shares_image_prompts  # noqa: E402
 from rloo.data.images import ImagePromptEncoder, image_token_id  # noqa: E402
+from rloo.passes.logprobs import completion_logprobs  # noqa: E402
+from rloo.passes.prefix_logprobs import grouped_completion_logprobs, shares_image_prompts  # noqa: E402
 
 K = 8
 STANDINS = [("gemma3", {}), ("gemma4", {}), ("llava", {}), ("llava_next", {}), ("qwen2_vl", {}), ("qwen3_5", {})]

@@ -5,7 +5,7 @@ import torch
 import transformers
 
 from rloo import RLOOConfig, builders, model_loading
-from rloo.algo.logprobs import completion_logprobs
+from rloo.passes.logprobs import completion_logprobs
 from rloo.rewards.scoring import build_reward_functions
 
 

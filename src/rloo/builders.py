@@ -14,17 +14,17 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, PreTrainedModel, get_scheduler
 
 from rloo import model_loading
-from rloo.algo import mrope
-from rloo.algo.lean_activations import lean_activations
 from rloo.config import ConfigError, RLOOConfig
 from rloo.data.images import ImagePromptEncoder, image_column, image_token_id, is_processor, language_model_only
 from rloo.data.schedule import PromptSchedule
-from rloo.dist import accelerate_internals, deepspeed_setup, sharding
-from rloo.dist.launch import check_launch
-from rloo.dist.sharding import check_supported
+from rloo.distributed import accelerate_internals, deepspeed_setup, sharding
+from rloo.distributed.launch import check_launch
+from rloo.distributed.sharding import check_supported
 from rloo.generation import FastSampler, GenerateSampler, Sampler
 from rloo.generation.fast import refuse_3d_positions
 from rloo.generation.options import sampler_options
+from rloo.passes import mrope
+from rloo.passes.lean_activations import lean_activations
 from rloo.rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
 from rloo.rollout.multi_turn import MultiTurnRollout, environment_reward_function
 from rloo.run.trackers import accelerate_log_with

@@ -105,7 +105,7 @@ class RLOOConfig:
     token, not also the normalised input), recomputing the elementwise rest in backward: the same
     log-probs and gradients up to float rounding at about the same speed, a third less activation
     memory on SmolLM2-135M (docs/memory.md). Module classes that compute something else keep their
-    own forward (src/rloo/algo/lean_activations.py). Off: autograd keeps what each op saves."""
+    own forward (src/rloo/passes/lean_activations.py). Off: autograd keeps what each op saves."""
     torch_empty_cache_steps: int | None = None
     """Every this many optimizer steps, give the accelerator's cached free memory back to the device
     (`torch.cuda.empty_cache()` and its kin, through accelerate), as TRL does: a lower peak of reserved

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import torch
 import torch.utils.checkpoint
 
-from rloo.algo.prefix_logprobs import ReplayableCache
 from rloo.config import ConfigError, RLOOConfig
+from rloo.passes.prefix_logprobs import ReplayableCache
 
 logger = logging.getLogger(__name__)
 

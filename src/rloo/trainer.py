@@ -31,12 +31,12 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from rloo import builders
-from rloo.algo import reference_sync
 from rloo.config import ConfigError, RLOOConfig
 from rloo.data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
 from rloo.data.schedule import PromptSchedule, select_rows
-from rloo.dist import sharding
+from rloo.distributed import sharding
 from rloo.generation.base import Sampler
+from rloo.passes import reference_sync
 from rloo.rollout import Rollout, RolloutCollector, Samples
 from rloo.rollout.async_rollouts import AsyncRollouts
 from rloo.rollout.dynamic_sampling import DynamicSampler, zero_spread_message

@@ -23,12 +23,12 @@ import torch
 from accelerate import Accelerator
 
 from rloo.algo.kl import kl_placement, token_kl
-from rloo.algo.logprobs import completion_logprobs
 from rloo.algo.loss import PolicyLossOutput, clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
 from rloo.algo.off_policy import off_policy_sequence_mask
-from rloo.algo.prefix_logprobs import check_shared_prompt_model, shared_prompt_logprobs
 from rloo.config import RLOOConfig
-from rloo.dist import accelerate_internals
+from rloo.distributed import accelerate_internals
+from rloo.passes.logprobs import completion_logprobs
+from rloo.passes.prefix_logprobs import check_shared_prompt_model, shared_prompt_logprobs
 from rloo.rollout import Rollout
 from rloo.run.metrics import clip_extremes, completion_clip_extremes, step_metrics
 

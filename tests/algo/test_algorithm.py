@@ -11,10 +11,10 @@ import torch
 
 from rloo.algo.advantages import compute_advantages, leave_one_out_advantages, whiten
 from rloo.algo.kl import sequence_kl, token_kl, token_kl_advantages
-from rloo.algo.logprobs import completion_logprobs
 from rloo.algo.loss import clipped_sequence_loss, clipped_token_loss, loss_denominator, reduce_to_sequences
 from rloo.algo.shaping import shape_scores
 from rloo.generation.stop import cut_at_stop_strings, stop_string_length
+from rloo.passes.logprobs import completion_logprobs
 
 S2 = math.sqrt(2.0)
 

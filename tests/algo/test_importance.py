@@ -60,7 +60,7 @@ class ShiftedLogprobSampler:
 
     @torch.no_grad()
     def sample(self, model, prompts, num_generations):
-        from rloo.algo.logprobs import completion_logprobs
+        from rloo.passes.logprobs import completion_logprobs
 
         batch = self.inner.sample(model, prompts, num_generations)
         ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)

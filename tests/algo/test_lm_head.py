@@ -7,9 +7,9 @@ import pytest
 import torch
 import transformers
 
-from rloo.algo import logprobs as logprobs_module
 from rloo.algo.lm_head import tiled_head_logprobs
-from rloo.algo.logprobs import completion_logprobs, reachable_head
+from rloo.passes import logprobs as logprobs_module
+from rloo.passes.logprobs import completion_logprobs, reachable_head
 
 
 def test_hand_values():

@@ -7,9 +7,9 @@ import torch
 
 from rloo.algo.advantages import leave_one_out_advantages
 from rloo.algo.kl import kl_penalized_reward, sequence_kl
-from rloo.algo.logprobs import entropy_from_logits, position_ids_from_mask, selective_log_softmax
 from rloo.algo.loss import clipped_sequence_loss
 from rloo.generation import completion_mask_from_eos, left_pad
+from rloo.passes.logprobs import entropy_from_logits, position_ids_from_mask, selective_log_softmax
 
 
 def test_vectorized_advantage_example():
@@ -118,7 +118,7 @@ def test_left_pad_and_positions():
 
 
 def test_chunked_log_softmax_matches_the_full_computation_across_uneven_chunks(monkeypatch):
-    import rloo.algo.logprobs as logprobs
+    import rloo.passes.logprobs as logprobs
 
     logits = torch.randn(7, 5, 11, dtype=torch.bfloat16)
     index = torch.randint(0, 11, (7, 5))

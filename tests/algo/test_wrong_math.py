@@ -8,10 +8,10 @@ from datasets import Dataset
 
 from conftest import digit_fraction, gpt2_model
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.algo.logprobs import completion_logprobs
 from rloo.builders import run_length
 from rloo.data.schedule import PromptSchedule
 from rloo.generation import FastSampler
+from rloo.passes.logprobs import completion_logprobs
 
 ROWS = [{"prompt": "1+1="}, {"prompt": "12+34+5="}]  # different lengths: the short one is left-padded
 

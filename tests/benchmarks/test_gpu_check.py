@@ -71,7 +71,7 @@ def test_dry_run_passes_every_check_and_times_every_run(tmp_path):
 
 def test_the_tiled_head_check_fails_on_a_wrong_head(plan, monkeypatch):
     """The check has teeth: a tiled head that divides by a slightly different temperature is caught."""
-    from rloo.algo import logprobs as logprobs_module
+    from rloo.passes import logprobs as logprobs_module
 
     assert gpu_check.check_tiled_head(plan, "fp32")["passed"]
     original = logprobs_module.tiled_head_logprobs

@@ -109,7 +109,7 @@ def test_closing_entry_has_trl_keys(tmp_path, make_model, tokenizer, digit_datas
 def test_reference_mix_by_hand():
     import torch
 
-    from rloo.algo.reference_sync import mixed, sync_reference
+    from rloo.passes.reference_sync import mixed, sync_reference
 
     ref, pol = torch.tensor([1.0, -2.0, 4.0]), torch.tensor([3.0, 2.0, 0.0])
     # (1 - 0.25) * ref + 0.25 * pol, element by element: 0.75 + 0.75, -1.5 + 0.5, 3 + 0

@@ -5,10 +5,10 @@ import torch
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from rloo.algo.logprobs import completion_logprobs
 from rloo.generation import GenerateSampler, completion_mask_from_eos
 from rloo.generation.fast import FastSampler, filter_logits
 from rloo.generation.kv_cache import AppendInPlaceLayer
+from rloo.passes.logprobs import completion_logprobs
 
 
 def _peaked(model, scale=4.0):

@@ -52,7 +52,7 @@ def test_sampled_token_frequencies_match_the_model(make_model, tokenizer):
 
 
 def test_eos_ends_completions_and_logprobs_are_the_models(make_model, tokenizer):
-    from rloo.algo.logprobs import completion_logprobs
+    from rloo.passes.logprobs import completion_logprobs
 
     torch.manual_seed(0)
     model = make_model(seed=4)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from rloo.algo.logprobs import completion_logprobs
 from rloo.generation import FastSampler
+from rloo.passes.logprobs import completion_logprobs
 
 
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 0), (1.3, 5)])

@@ -9,9 +9,9 @@ import torch
 import transformers
 
 from conftest import gpt2_model
-from rloo.algo.logprobs import completion_logprobs
 from rloo.generation import fast
 from rloo.generation.fast import FastSampler, shared_head_length
+from rloo.passes.logprobs import completion_logprobs
 
 
 @pytest.mark.parametrize("prompts,expected", [

@@ -25,9 +25,9 @@ import transformers  # noqa: E402
 
 from conftest import run_plain_python  # noqa: E402
 from rloo import RLOOConfig  # noqa: E402
-from rloo.algo.logprobs import completion_logprobs  # noqa: E402
 from rloo.data.images import ImagePromptEncoder  # noqa: E402
 from rloo.generation.vllm import VLLMSampler  # noqa: E402
+from rloo.passes.logprobs import completion_logprobs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "trl_suite"))
 from standins import TokenizerSpec, build_tokenizer, init_small_weights  # noqa: E402

@@ -21,9 +21,9 @@ from accelerate.utils import InitProcessGroupKwargs
 from torch.distributed.fsdp import fully_shard
 
 from rloo import RLOOConfig
-from rloo.algo.logprobs import completion_logprobs
-from rloo.dist.sharding import full_weights_for_generation, sharding_of
+from rloo.distributed.sharding import full_weights_for_generation, sharding_of
 from rloo.generation import FastSampler, GenerateSampler
+from rloo.passes.logprobs import completion_logprobs
 from rloo.run.checkpoint import CheckpointError, check_finite_weights, save_model
 from rloo.toy import build_char_tokenizer, build_tiny_model
 

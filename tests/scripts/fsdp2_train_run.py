@@ -21,7 +21,7 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from datasets import Dataset
 
 from rloo import RLOOConfig, RLOOTrainer, builders
-from rloo.dist.sharding import sharding_of
+from rloo.distributed.sharding import sharding_of
 from rloo.toy import build_char_tokenizer, build_tiny_model
 
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ import transformers
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from rloo import toy
-from rloo.algo.logprobs import position_ids_from_mask
+from rloo.passes.logprobs import position_ids_from_mask
 from rloo.toy import warm_start
 from rloo.toy.early_stopping import TARGET_WINDOW, sequence_exact_match
 

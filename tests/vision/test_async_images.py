@@ -11,7 +11,7 @@ import standin_vlms
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.algo.logprobs import completion_logprobs
+from rloo.passes.logprobs import completion_logprobs
 from rloo.rollout.async_rollouts import AsyncRollouts
 
 

@@ -12,8 +12,8 @@ import standin_vlms
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.algo.logprobs import completion_logprobs
 from rloo.data.images import VisionInputs, save_images
+from rloo.passes.logprobs import completion_logprobs
 
 K = 2
 

@@ -11,15 +11,15 @@ import standin_vlms
 import torch
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.algo import mrope
-from rloo.algo.logprobs import completion_logprobs, rope_index_owner
-from rloo.algo.prefix_logprobs import shares_image_prompts
 from rloo.config import ConfigError
 from rloo.data.images import ImagePromptEncoder, image_token_id
 from rloo.generation import FastSampler
 from rloo.generation import fast as fast_module
 from rloo.generation.base import left_pad
 from rloo.generation.kv_cache import append_in_place_cache
+from rloo.passes import mrope
+from rloo.passes.logprobs import completion_logprobs, rope_index_owner
+from rloo.passes.prefix_logprobs import shares_image_prompts
 
 QWEN_VL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"]  # 3-D rotary positions (mrope)
 FAMILIES = ["gemma3", "gemma4", "llava", "llava_next", *QWEN_VL]

@@ -13,8 +13,8 @@ import torch
 from test_fast_sampler import _encoded, _sampled_and_training_logprobs, _sampler
 from test_token_types import _reference_logprobs, _rows
 
-from rloo.algo.logprobs import completion_logprobs, reachable_head
 from rloo.data.images import ImagePromptEncoder, image_token_id
+from rloo.passes.logprobs import completion_logprobs, reachable_head
 
 K = 3
 

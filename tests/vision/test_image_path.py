@@ -9,8 +9,8 @@ import torch
 
 import rloo.update as update_module
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.algo.logprobs import completion_logprobs
 from rloo.config import ConfigError
+from rloo.passes.logprobs import completion_logprobs
 
 
 def _config(tmp_path, **overrides):

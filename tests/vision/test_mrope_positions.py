@@ -1,5 +1,5 @@
 """Qwen-VL's multimodal rotary positions (3-D: time, row, column for image tokens) in rloo's log-prob passes and in
-the fast sampler's decode loop (algo.mrope).
+the fast sampler's decode loop (passes.mrope).
 
 The reference is the model's own plain forward on each unpadded row, built here by hand (the processor and the
 model, no rloo code); rloo's rows are left-padded prompts of different lengths and right-padded completions."""
@@ -12,12 +12,12 @@ import torch
 from test_image_path import _config, _length_reward
 
 from rloo import RLOOTrainer
-from rloo.algo import mrope
-from rloo.algo.logprobs import completion_logprobs, computes_own_positions
 from rloo.data.images import ImagePromptEncoder, image_token_id
 from rloo.generation import FastSampler
 from rloo.generation.fast import can_repeat_rows
 from rloo.generation.kv_cache import append_in_place_cache
+from rloo.passes import mrope
+from rloo.passes.logprobs import completion_logprobs, computes_own_positions
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"]
 

@@ -1,4 +1,4 @@
-"""Prompts with images through the shared-prefix passes (algo.prefix_logprobs): one prefill of the distinct prompts
+"""Prompts with images through the shared-prefix passes (passes.prefix_logprobs): one prefill of the distinct prompts
 with their images, once each, then the K completions text-only on copies of its KV cache. The no-grad pass
 (`grouped_completion_logprobs`, pi_old and pi_ref) and the training pass (`shared_prompt_logprobs`,
 shared_prefix_forward) give the whole-row pass's log-probs and gradients (vision tower included), while the
@@ -17,11 +17,11 @@ import torch
 from test_fast_sampler import _count_images, _encoded, _vision_tower
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.algo import mrope
-from rloo.algo.logprobs import completion_logprobs
-from rloo.algo.prefix_logprobs import grouped_completion_logprobs, shared_prompt_logprobs, shares_image_prompts
 from rloo.config import ConfigError
 from rloo.data.images import ImagePromptEncoder, image_token_id
+from rloo.passes import mrope
+from rloo.passes.logprobs import completion_logprobs
+from rloo.passes.prefix_logprobs import grouped_completion_logprobs, shared_prompt_logprobs, shares_image_prompts
 
 QWEN_VL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]  # 3-D rotary positions, full-attention caches
 SHARED = ["gemma3", "gemma4", "llava", "llava_next", *QWEN_VL]
@@ -156,7 +156,7 @@ def test_gemma4_with_layers_that_reuse_earlier_layers_keys_and_values_keeps_the_
     to copy for them: the no-grad passes run whole rows and shared_prefix_forward is refused (its fix named)."""
     import transformers
 
-    from rloo.algo.prefix_logprobs import check_shared_prompt_model
+    from rloo.passes.prefix_logprobs import check_shared_prompt_model
 
     text = {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2, "num_kv_shared_layers": 2}
     standin = standin_vlms._standin("gemma4")

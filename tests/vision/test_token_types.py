@@ -13,9 +13,9 @@ import torch
 from test_image_path import _config, _length_reward
 
 from rloo import RLOOTrainer
-from rloo.algo.logprobs import completion_logprobs
 from rloo.data.images import ImagePromptEncoder, image_token_id
 from rloo.generation import FastSampler
+from rloo.passes.logprobs import completion_logprobs
 
 TYPES = {"gemma3": "token_type_ids", "gemma4": "mm_token_type_ids"}
 

@@ -4,7 +4,8 @@
 - `kl`: per-token KL estimators, the KL folded into the reward, per-token KL returns.
 - `shaping`: what happens to scores before the baseline (missing-EOS penalty, normalisation, clipping).
 - `loss`: clipped policy losses and the loss-aggregation modes (numerators and denominators).
-- `logprobs`: completion log-probs and entropies from a model's logits.
-- `lm_head`, `prefix_logprobs`: the same log-probs a tile of the vocabulary, or a prompt, at a time.
-- `lean_activations`: the policy's MLPs and norms keeping fewer tensors for backward, same gradients.
+- `lm_head`: log-probs and entropies from hidden states and the head's weight, a tile of tokens at a time.
+- `importance`, `off_policy`, `group_filter`: corrections for another engine's or an older policy's samples.
+
+The passes that run a model live in `rloo.passes`.
 """

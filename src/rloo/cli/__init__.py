@@ -89,7 +89,7 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by bad input: printed as one message, without a traceback (--debug shows it), exit status 2."""
-    from rloo.dist.launch import LaunchError
+    from rloo.distributed.launch import LaunchError
     from rloo.rewards.scoring import RewardError
     from rloo.run.checkpoint import CheckpointError
 

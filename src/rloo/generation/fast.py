@@ -40,12 +40,12 @@ from typing import Any
 
 import torch
 
-from rloo.algo import mrope
-from rloo.algo.logprobs import cache_argument, position_ids_from_mask
-from rloo.algo.logprobs import computes_own_positions as positions_are_3d  # Qwen-VL's mrope: get_rope_index
 from rloo.config_checks import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 from rloo.generation.kv_cache import AppendInPlaceLayer, append_in_place_cache
+from rloo.passes import mrope
+from rloo.passes.logprobs import cache_argument, position_ids_from_mask
+from rloo.passes.logprobs import computes_own_positions as positions_are_3d  # Qwen-VL's mrope: get_rope_index
 
 logger = logging.getLogger(__name__)
 

@@ -17,21 +17,21 @@ from accelerate import Accelerator
 from rloo.algo.advantages import compute_advantages, whiten
 from rloo.algo.importance import mismatch_sums
 from rloo.algo.kl import kl_penalized_reward, kl_placement, token_kl, token_kl_advantages
-from rloo.algo.logprobs import completion_logprobs, position_ids_from_mask
 from rloo.algo.off_policy import kept_log_mass, sampler_correction_weights
-from rloo.algo.prefix_logprobs import (
+from rloo.algo.shaping import shape_scores
+from rloo.config import RLOOConfig
+from rloo.data.images import ImagePromptEncoder, VisionInputs, logged_image_files
+from rloo.data.prompts import as_completions, is_conversational, tokenize_prompts
+from rloo.distributed.sharding import full_weights_for_generation
+from rloo.generation.base import SampledBatch, Sampler, model_token_mask
+from rloo.generation.stop import cut_at_stop_strings
+from rloo.passes.logprobs import completion_logprobs, position_ids_from_mask
+from rloo.passes.prefix_logprobs import (
     can_share_prompts,
     grouped_completion_logprobs,
     groups_share_prompts,
     shares_image_prompts,
 )
-from rloo.algo.shaping import shape_scores
-from rloo.config import RLOOConfig
-from rloo.data.images import ImagePromptEncoder, VisionInputs, logged_image_files
-from rloo.data.prompts import as_completions, is_conversational, tokenize_prompts
-from rloo.dist.sharding import full_weights_for_generation
-from rloo.generation.base import SampledBatch, Sampler, model_token_mask
-from rloo.generation.stop import cut_at_stop_strings
 from rloo.rewards.scoring import RewardFunction, ScoredBatch, reward_arguments, score_completions
 from rloo.rewards.trl_names import RewardLog
 from rloo.rollout.batch import Rollout, Samples, padded_span  # noqa: F401 (the package's names)
@@ -292,7 +292,7 @@ class RolloutCollector:
         """No-grad (B, C) completion log-probs, in micro-batches of per_device_train_batch_size rows.
 
         Each group's prompt runs once, with its images once, and its K completions on a copy of its KV cache
-        (`algo.prefix_logprobs`), the same log-probs as running every row whole. Models whose cache cannot be
+        (`passes.prefix_logprobs`), the same log-probs as running every row whole. Models whose cache cannot be
         shared that way (sliding windows, linear attention), rows whose groups do not share one prompt, and rows
         with images on a model with 3-D positions not verified here (`shares_image_prompts`) run every row whole
         (with images, each with a copy of its prompt's vision tensors, `data.images`)."""

@@ -37,7 +37,7 @@ import torch
 from accelerate import Accelerator
 
 from rloo.config import ConfigError, RLOOConfig
-from rloo.dist.sharding import any_process, full_state_dict, local_tensor, sharding_of
+from rloo.distributed.sharding import any_process, full_state_dict, local_tensor, sharding_of
 from rloo.model_loading import saved_names
 from rloo.run.random_states import random_state_problem
 

@@ -20,10 +20,10 @@ import torch
 import transformers
 from datasets import Dataset
 
-from rloo.algo.logprobs import position_ids_from_mask
 from rloo.data.prompts import tokenize_prompts
 from rloo.generation import left_pad
 from rloo.model_loading import load_tokenizer
+from rloo.passes.logprobs import position_ids_from_mask
 from rloo.toy.early_stopping import AccuracyTarget
 from rloo.toy.greedy_accuracy import greedy_accuracy
 from rloo.toy.models import build_tiny_model, set_generation_ids

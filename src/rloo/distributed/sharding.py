@@ -101,7 +101,7 @@ def _fsdp2_unsharded(model: torch.nn.Module) -> Iterator[None]:
     # FSDP2 frees a unit's gathered weights after each of its forwards (reshard_after_forward);
     # during sampling they must stay. torch has a setter but no getter, so the per-group setting
     # (`post_forward_mesh_info`, None = keep unsharded) is saved and restored as it was. These are
-    # torch 2.13 internals; tests/dist/test_sharding.py fails if they change meaning.
+    # torch 2.13 internals; tests/distributed/test_sharding.py fails if they change meaning.
     groups = [group for unit in units for group in unit._get_fsdp_state()._fsdp_param_groups]
     saved = [group.post_forward_mesh_info for group in groups]
     for unit in units:

@@ -13,7 +13,7 @@ cache and no positions, adds its stored deltas to the 1-D positions that skip th
 The fast sampler computes these positions explicitly instead of relying on the `rope_deltas` that the
 model keeps on itself between calls: that state has one row per prefilled prompt (N), while decoding
 runs N*K rows, and any other forward (a log-prob pass) overwrites it. The shared-prefix log-prob passes
-(`algo.prefix_logprobs`: one prefill of each distinct prompt, then its K completions on copies of its cache)
+(`passes.prefix_logprobs`: one prefill of each distinct prompt, then its K completions on copies of its cache)
 give their prefill and completion tokens the same positions, for the same reason.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rloo.algo.logprobs import computes_own_positions, position_ids_from_mask, rope_index_owner
+from rloo.passes.logprobs import computes_own_positions, position_ids_from_mask, rope_index_owner
 
 # The model types whose decode positions are the rule above, tested against `generate` and the training pass
 # (tests/vision/test_fast_sampler.py) and, for those whose cache can be shared, in the shared-prefix passes

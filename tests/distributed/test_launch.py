@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rloo.dist.launch import LaunchError, check_launch, launched_world_size
-
 from conftest import free_port, torchrun
+from rloo.distributed.launch import LaunchError, check_launch, launched_world_size
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "accelerate_configs"

@@ -131,7 +131,7 @@ def _zero3_engine(calls):
 
 
 def test_zero3_gathers_with_deepspeeds_gathered_parameters(monkeypatch):
-    from rloo.dist import sharding
+    from rloo.distributed import sharding
 
     calls = []
 
@@ -166,7 +166,7 @@ def test_zero3_gathers_with_deepspeeds_gathered_parameters(monkeypatch):
 def test_zero3_reference_is_a_deepspeed_engine_without_optimizer(monkeypatch):
     from accelerate.utils import DistributedType
 
-    from rloo.dist import sharding
+    from rloo.distributed import sharding
 
     seen = {}
 
@@ -193,7 +193,7 @@ def test_zero3_reference_is_a_deepspeed_engine_without_optimizer(monkeypatch):
 def test_fsdp1_is_refused_with_the_fix():
     from accelerate.utils import DistributedType
 
-    from rloo.dist.sharding import check_supported
+    from rloo.distributed.sharding import check_supported
 
     with pytest.raises(ValueError, match="fsdp_version: 2"):
         check_supported(types.SimpleNamespace(distributed_type=DistributedType.FSDP, is_fsdp2=False))

@@ -1,6 +1,6 @@
 """The private accelerate APIs rloo calls, in one place, each with the reason a public one does not do.
 
-A test (tests/dist/test_accelerate_internals.py) checks that no other module touches a private
+A test (tests/distributed/test_accelerate_internals.py) checks that no other module touches a private
 accelerate attribute, so an accelerate upgrade that moves them breaks here and only here.
 """
 

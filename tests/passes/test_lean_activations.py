@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from conftest import gpt2_model
-from rloo.algo.lean_activations import (
+from rloo.passes.lean_activations import (
     LeanRMSNorm,
     LeanSwiGLU,
     RMSNormFunction,

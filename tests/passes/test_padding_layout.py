@@ -1,6 +1,6 @@
 """The whole-row log-prob pass avoids padding in the attention mask: completions' right padding is
 left unmasked, and on the tiled-head path left padding moves behind the completion
-(`algo.logprobs.padding_to_the_end`), where causal attention hides it. Checked against each row run
+(`passes.logprobs.padding_to_the_end`), where causal attention hides it. Checked against each row run
 alone without any padding (a slow loop), on a rotary (Qwen2) and an absolute-position (GPT-2)
 model, through the tiled head and the plain path, with gradients."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import gpt2_model
-from rloo.algo import logprobs as logprobs_module
-from rloo.algo.logprobs import completion_logprobs, is_right_padded, padding_to_the_end
+from rloo.passes import logprobs as logprobs_module
+from rloo.passes.logprobs import completion_logprobs, is_right_padded, padding_to_the_end
 
 
 def test_padding_moves_behind_the_completion_by_hand():

@@ -25,7 +25,7 @@ each distinct prompt's vision tensors once (n images for n prompts, not n*K), th
 prompts' keys and values, and the completions after it are text only, on copies of that cache; with grad,
 the vision tower's gradients add up over the copies as over the whole-row pass's K images. Models with 3-D
 rotary positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) get the model's own prefill positions (`get_rope_index`)
-and each completion token n + rope delta on all three axes (`algo.mrope`), the positions the whole-row pass
+and each completion token n + rope delta on all three axes (`passes.mrope`), the positions the whole-row pass
 gives them; other models with 3-D positions are left to their whole-row pass (`shares_image_prompts`).
 
 Both passes run on a `ReplayableCache`, whose layers return their fixed prefix (nothing for the
@@ -42,8 +42,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from rloo.algo import mrope
-from rloo.algo.logprobs import (
+from rloo.passes import mrope
+from rloo.passes.logprobs import (
     cache_argument,
     is_right_padded,
     logprobs_from_states,

@@ -1,4 +1,4 @@
-"""Each prompt once per group (algo.prefix_logprobs): the same no-grad log-probs as running every
+"""Each prompt once per group (passes.prefix_logprobs): the same no-grad log-probs as running every
 row whole, on a rotary (Qwen2) and an absolute-position (GPT-2) model, with left-padded prompts."""
 
 import copy
@@ -11,9 +11,9 @@ from datasets import Dataset
 from conftest import digit_fraction, gpt2_model
 from rloo import RLOOConfig, RLOOTrainer
 from rloo import rollout as rollout_module
-from rloo.algo import prefix_logprobs
-from rloo.algo.logprobs import completion_logprobs
-from rloo.algo.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
+from rloo.passes import prefix_logprobs
+from rloo.passes.logprobs import completion_logprobs
+from rloo.passes.prefix_logprobs import can_share_prompts, grouped_completion_logprobs, groups_share_prompts
 
 N, K, P, C = 3, 4, 7, 5
 
@@ -208,7 +208,7 @@ def test_the_kv_cache_goes_by_the_name_the_model_takes(make_model):
 
     from peft import LoraConfig, get_peft_model
 
-    from rloo.algo.logprobs import cache_argument
+    from rloo.passes.logprobs import cache_argument
 
     model = make_model()
     parameters = inspect.signature(type(model).forward).parameters

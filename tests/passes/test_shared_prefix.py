@@ -1,4 +1,4 @@
-"""The shared-prefix training forward (`shared_prefix_forward`, algo.prefix_logprobs.shared_prompt_logprobs):
+"""The shared-prefix training forward (`shared_prefix_forward`, passes.prefix_logprobs.shared_prompt_logprobs):
 the same log-probs, entropies and gradients as running every row whole, on Qwen2 and GPT-2, eager
 and sdpa, with left-padded prompts and micro-batches that cut groups."""
 
@@ -8,9 +8,9 @@ import transformers
 
 from conftest import gpt2_model
 from rloo import update as update_module
-from rloo.algo import prefix_logprobs
-from rloo.algo.logprobs import completion_logprobs
-from rloo.algo.prefix_logprobs import shared_prompt_logprobs
+from rloo.passes import prefix_logprobs
+from rloo.passes.logprobs import completion_logprobs
+from rloo.passes.prefix_logprobs import shared_prompt_logprobs
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])

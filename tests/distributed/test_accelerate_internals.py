@@ -1,4 +1,4 @@
-"""Private accelerate attributes are touched in dist/accelerate_internals.py and nowhere else."""
+"""Private accelerate attributes are touched in distributed/accelerate_internals.py and nowhere else."""
 
 import ast
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from accelerate import Accelerator
 
-from rloo.dist import accelerate_internals
+from rloo.distributed import accelerate_internals
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "rloo"
 ACCELERATE_OBJECTS = ("acc", "accelerator", "gradient_state", "AcceleratorState", "PartialState", "GradientState")
@@ -32,9 +32,9 @@ def test_the_checker_sees_a_private_call():
 def test_only_the_wrapper_touches_private_accelerate_attributes():
     found = {path.relative_to(PACKAGE).as_posix(): private_accelerate_uses(path.read_text())
              for path in PACKAGE.rglob("*.py")}
-    elsewhere = {name: uses for name, uses in found.items() if uses and name != "dist/accelerate_internals.py"}
+    elsewhere = {name: uses for name, uses in found.items() if uses and name != "distributed/accelerate_internals.py"}
     assert elsewhere == {}
-    assert found["dist/accelerate_internals.py"]  # the wrapper is where they are
+    assert found["distributed/accelerate_internals.py"]  # the wrapper is where they are
 
 
 @pytest.mark.parametrize("is_last", [False, True])

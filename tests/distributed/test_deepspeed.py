@@ -16,10 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rloo import ConfigError, RLOOConfig
-from rloo.dist.deepspeed_setup import fill_deepspeed_config, process_group_kwargs
-
 from conftest import free_port, torchrun
+from rloo import ConfigError, RLOOConfig
+from rloo.distributed.deepspeed_setup import fill_deepspeed_config, process_group_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).parents[1] / "scripts" / "deepspeed_run.py"
@@ -68,8 +67,8 @@ def test_zero_on_two_cpu_processes_steps_once_per_optimizer_step_and_matches_ddp
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed); ZeRO not run")
     if torch.cuda.is_available():
         pytest.skip("this test runs DeepSpeed on CPU processes")
-    if stage == 3 and importlib.util.find_spec("rloo.dist.sharding") is None:
-        pytest.skip("ZeRO-3 needs the gather for generation (rloo.dist.sharding, from the shard branch)")
+    if stage == 3 and importlib.util.find_spec("rloo.distributed.sharding") is None:
+        pytest.skip("ZeRO-3 needs the gather for generation (rloo.distributed.sharding, from the shard branch)")
     ds_dir, ddp_dir = tmp_path / f"zero{stage}", tmp_path / "ddp"
     launch = [sys.executable, "-m", "accelerate.commands.launch",
               "--config_file", str(ROOT / "examples" / "accelerate_configs" / f"deepspeed_zero{stage}.yaml"),
