@@ -33,6 +33,6 @@ PY
 # The parts that lean on transformers' internals (the tiled head's hook, lean modules, KV caches, the
 # samplers, the shared-prefix forward, model loading) and one trainer run each way (rloo's and TRL's).
 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/algo/test_lm_head.py tests/algo/test_lean_activations.py tests/algo/test_shared_prefix.py \
-    tests/algo/test_prefix_logprobs.py tests/generation/test_decoding.py tests/generation/test_paged_sampler.py \
+    tests/algo/test_lm_head.py tests/passes/test_lean_activations.py tests/passes/test_shared_prefix.py \
+    tests/passes/test_prefix_logprobs.py tests/generation/test_decoding.py tests/generation/test_paged_sampler.py \
     tests/test_model_loading.py tests/compat/test_trl_same_update.py "$@"
