@@ -402,6 +402,14 @@ class RLOOConfig:
     the function, step and sample; the last checkpoint is kept) or "none" (the completions it raised on
     are scored None by that function, a warning names the count, and `rewards/<name>/errors` logs it)."""
 
+    # --- fault deadlines (issue #48; docs/errors.md, "Faults") ---
+    reward_timeout: float | None = None
+    """Seconds one reward function may take on one batch before the run treats it as hung. None (the default)
+    waits as long as it takes, as TRL does (TRL has no such deadline). A hung call is abandoned (a plain function's
+    thread cannot be stopped and finishes in the background) and handled by reward_error_policy: "stop" ends the
+    run with a RewardError naming the function, step and batch size; "none" scores that function None on the
+    whole batch and counts it in `rewards/<name>/errors`."""
+
     def __post_init__(self) -> None:
         validate(self)
 
