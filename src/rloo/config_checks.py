@@ -280,6 +280,7 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
                                          and math.isfinite(c.reward_timeout) and c.reward_timeout > 0),
             f"reward_timeout must be a positive number of seconds, or None to wait as long as a reward takes; got "
             f"{c.reward_timeout!r}.")
+    require(c.ddp_timeout > 0, f"ddp_timeout must be > 0 seconds, got {c.ddp_timeout!r}.")
     require(c.reward_error_policy in REWARD_ERROR_POLICIES,
             f"reward_error_policy must be one of {REWARD_ERROR_POLICIES}, got {c.reward_error_policy!r}.")
     require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",
