@@ -79,7 +79,7 @@ def faults() -> list[Fault]:
               flags=["--reward_error_policy", "none"], expect=r"Saved the trained model"),
         # --- async rollouts: the sampler (a forked process on CPU) ---
         Fault("async sampler dies", "sampler process, batch 2", "sampler_dies", flags=async_flags, expect_exit=stop,
-              expect=r"sampler"),
+              expect=r"the sampler process \(pid \d+\) died with exit code 3", deadline=60.0),
         Fault("async sampler raises", "sampler process, batch 2", "sampler_raises", flags=async_flags,
               expect_exit=stop, expect=r"sampler's reward server is down"),
         Fault("async sampler stalls", "sampler process, batch 2", "sampler_stalls", flags=async_flags,
