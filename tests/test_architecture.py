@@ -132,3 +132,15 @@ def test_no_function_over_60_lines_and_no_file_over_400():
                 if length > MAX_FUNCTION_LINES:
                     too_long.append(f"{name}: {node.name} {length} lines")
     assert not too_long, too_long
+
+
+# ------------------------------------------------------------------ the seams (issue #45)
+
+ROLLOUT_SOURCE_KINDS = {"rloo.rollout.dynamic_sampling", "rloo.rollout.async_rollouts"}
+
+
+def test_the_trainer_reaches_the_rollout_source_kinds_only_through_the_factory():
+    """The trainer holds one `rollout.sources.RolloutSource`; which kind it is, is decided in `rollout_source`."""
+    graph = import_graph()
+    assert "rloo.rollout.sources" in graph["rloo.trainer"]
+    assert not graph["rloo.trainer"] & ROLLOUT_SOURCE_KINDS, sorted(graph["rloo.trainer"] & ROLLOUT_SOURCE_KINDS)

@@ -654,7 +654,7 @@ def test_async_rollouts_with_an_environment_run_the_sampler_s_own_environments(t
 
     from rloo.rollout.async_rollouts import AsyncRollouts
 
-    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    monkeypatch.setattr("rloo.rollout.async_rollouts.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
     monkeypatch.setattr(WhereRun, "record_to", str(tmp_path / "resets.jsonl"))
 
     def script(text, row):
