@@ -30,8 +30,9 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from rloo import builders
+from rloo import builders, evaluation, safe_text
 from rloo.config import ConfigError, RLOOConfig
+from rloo.data.dataset_rows import named_eval_sets, train_rows
 from rloo.data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
 from rloo.data.schedule import PromptSchedule, select_rows
 from rloo.distributed import sharding
@@ -39,12 +40,11 @@ from rloo.generation.base import Sampler
 from rloo.passes import reference_sync
 from rloo.rollout import Rollout, RolloutCollector, Samples
 from rloo.rollout.sources import rollout_source, zero_spread_message
-from rloo.run import checkpoint, evaluation, report, trainer_api
+from rloo.run import checkpoint, report, trainer_api
 from rloo.run.allocator import empty_device_cache_every, return_large_buffers_to_os
 from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, log_due, rollout_metrics, with_trl_names
 from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, resume_hint, truncate_history
 from rloo.run.run_lock import lock_output_dir
-from rloo.run.safe_text import visible
 from rloo.run.verbosity import set_library_verbosity
 from rloo.update import Learner, mini_batches
 
@@ -104,7 +104,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
         self.processing_class, self.tokenizer = builders.load_processing_class(processing_class, model, train_dataset, args)
-        train_dataset = trainer_api.train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
+        train_dataset = train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
         self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
         policy = builders.load_policy(model, peft_config, args, quantization_config, self.processing_class)
@@ -147,7 +147,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
     def _check_prompts(self, train_dataset: Any, eval_dataset: Any) -> None:
         """Every dataset has usable prompts of an acceptable length (eval_dataset may be a dict)."""
         args = self.args
-        eval_sets = trainer_api.named_eval_sets(eval_dataset) if eval_dataset is not None else []
+        eval_sets = named_eval_sets(eval_dataset) if eval_dataset is not None else []
         for dataset, name in ((train_dataset, "train_dataset"),
                               *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
             if dataset is not None:
@@ -300,7 +300,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         state = checkpoint.load_checkpoint(acc, self.model, path, args)
         self.global_step, self.episode = state["global_step"], state["episode"]
         if acc.is_main_process:
-            tqdm.write(visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
+            tqdm.write(safe_text.visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
         self.run_id = state.get("run_id") or self.run_id
         if acc.is_main_process:
             truncate_history(args.output_dir, self.global_step)
@@ -323,7 +323,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                                               rollout_index, self.episode, self.run_id)
         self.stopped_by = signal_name or "a signal on another process"
         if self.accelerator.is_main_process:
-            tqdm.write(visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
+            tqdm.write(safe_text.visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
                                f"checkpoint saved to {path}. {resume_hint(args)}"))
 
     def _rows(self, rollout_index: int) -> list[dict[str, Any]]:
@@ -363,7 +363,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             raise ConfigError("evaluate() needs an eval_dataset.")
         num_generations = self.args.num_generations_eval or self.args.num_generations
         metrics, self.eval_samples = {}, []  # eval_samples: every scored sample, a row each (evaluation.sample_rows)
-        for name, dataset in trainer_api.named_eval_sets(eval_dataset):
+        for name, dataset in named_eval_sets(eval_dataset):
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
             figures = evaluation.evaluate(self.collector, dataset, [fn.name for fn in self.reward_functions],
                                           num_generations, self._eval_prompts_per_batch(num_generations),

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from rloo.run.safe_text import visible
+from rloo.safe_text import visible
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
