@@ -25,6 +25,7 @@ from rloo.generation.fast import refuse_3d_positions
 from rloo.generation.options import sampler_options
 from rloo.passes import mrope
 from rloo.passes.lean_activations import lean_activations
+from rloo.rewards import isolation
 from rloo.rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
 from rloo.rollout.multi_turn import MultiTurnRollout, environment_reward_function
 from rloo.run.trackers import accelerate_log_with
@@ -289,6 +290,8 @@ def build_rewards(args: RLOOConfig, reward_funcs: Any, reward_processing_classes
     With environments, each environment class with a `get_reward` adds a reward function named after it,
     weight 1, after the given ones (as TRL does), and reward functions may ask for `environments`. With a
     rollout_func, whose extra fields are known only once it runs, the arguments are not checked up front."""
+    isolation.check_for_run(reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs],
+                            args.sandbox_allow_missing)  # a code reward on a machine that cannot isolate it: refused now
     functions = build_reward_functions(reward_funcs or [], reward_processing_classes, device,
                                        model_loading.model_init_kwargs(args))
     available = set(TRAINER_ARGUMENTS) | (set(column_names) - {"prompt"})

@@ -75,6 +75,7 @@ def validate(c: RLOOConfig) -> None:
     _check_algorithm(c)
     _check_run_and_outputs(c)
     _check_scale_out(c)
+    _check_sandbox(c)
 
 
 def _check_batch_sizes(c: RLOOConfig) -> None:
@@ -382,3 +383,9 @@ def _valid_clip_range(value: Any) -> bool:
         return True
     return (isinstance(value, (tuple, list)) and len(value) == 2 and all(number(v) for v in value)
             and value[0] < value[1])
+
+
+def _check_sandbox(c: RLOOConfig) -> None:
+    layers = ("namespaces", "landlock", "pids_cgroup")  # rloo.rewards.isolation.LAYER_NAMES
+    unknown = sorted(set(c.sandbox_allow_missing or ()) - set(layers))
+    require(not unknown, f"sandbox_allow_missing names unknown layers {unknown}; the layers are {list(layers)}.")
