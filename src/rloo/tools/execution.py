@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
+from rloo.run.event_loop import EventLoop
 from rloo.tools.parsing import ToolCall
 
 
@@ -32,10 +33,14 @@ class ToolResult:
 
 
 def run_tool_calls(calls: list[list[ToolCall]], toolboxes: list[dict[str, Callable]],
-                   timeout: float) -> list[list[ToolResult]]:
-    """The results of each trajectory's calls, in call order; `toolboxes[i]` maps names to trajectory i's tools."""
+                   timeout: float, event_loop: EventLoop | None = None) -> list[list[ToolResult]]:
+    """The results of each trajectory's calls, in call order; `toolboxes[i]` maps names to trajectory i's tools.
+    Async tools run on `event_loop` (the trainer's, so a client or lock a tool keeps works in every round);
+    None: on a loop of this call's own."""
     if not any(calls):
         return [[] for _ in calls]
+    if event_loop is not None:
+        return event_loop.run(_run_all(calls, toolboxes, timeout))
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # the usual case: no loop in this thread
