@@ -6,6 +6,7 @@ import asyncio
 import gc
 import json
 import threading
+import time
 
 import pytest
 from datasets import Dataset
@@ -131,3 +132,90 @@ def test_run_tool_calls_on_one_loop_keeps_a_tool_s_lock_across_rounds():
     finally:
         loop.close()
     assert state["client"].requests == 6
+
+
+# ------------------------------------------------------------------ plain tools: timeouts end the wait
+
+
+def _stuck_tool(release: threading.Event, log: list):
+    def stuck(x: int) -> int:
+        """Hang until released (4 s at most).
+
+        Args:
+            x: anything
+        """
+        log.append("stuck started")
+        release.wait(4)
+        log.append("stuck returned")
+        return x
+
+    return stuck
+
+
+def _quick_tool(log: list):
+    def quick(x: int) -> int:
+        """Return at once.
+
+        Args:
+            x: anything
+        """
+        log.append("quick ran")
+        return x
+
+    return quick
+
+
+@pytest.mark.parametrize("on_the_run_s_loop", [False, True], ids=["own_loop", "run_loop"])
+def test_a_plain_tool_s_timeout_ends_the_wait(on_the_run_s_loop):
+    """A plain tool hanging for 4 s under a 0.5 s timeout: the round returns the timeout message well before the
+    4 s are up (the worker thread is abandoned, not joined), on a loop of the call's own or the run's."""
+    release, log = threading.Event(), []
+    loop = EventLoop() if on_the_run_s_loop else None
+    start = time.perf_counter()
+    try:
+        [[result]] = run_tool_calls([[ToolCall("stuck", {"x": 1})]], [{"stuck": _stuck_tool(release, log)}],
+                                    timeout=0.5, event_loop=loop)
+        waited = time.perf_counter() - start
+    finally:
+        release.set()
+        if loop is not None:
+            loop.close()
+    assert result.failed and "did not return within 0.5 s" in json.loads(result.content)["error"]
+    assert waited < 3.0, f"the round waited {waited:.1f} s for a tool that timed out after 0.5 s"
+
+
+def test_plain_tools_stay_one_at_a_time_after_a_timeout():
+    """Round 1's plain tool times out and keeps running; round 2's plain tool starts only once it has returned
+    (released after 1 s, within round 2's timeout), never beside it."""
+    release, log = threading.Event(), []
+    tools = {"stuck": _stuck_tool(release, log), "quick": _quick_tool(log)}
+    loop = EventLoop()
+    try:
+        [[first]] = run_tool_calls([[ToolCall("stuck", {"x": 1})]], [tools], timeout=0.3, event_loop=loop)
+        assert first.failed and log == ["stuck started"]
+        threading.Timer(1.0, release.set).start()
+        [[second]] = run_tool_calls([[ToolCall("quick", {"x": 2})]], [tools], timeout=10, event_loop=loop)
+    finally:
+        release.set()
+        loop.close()
+    assert not second.failed and second.content == "2"
+    assert log == ["stuck started", "stuck returned", "quick ran"]
+
+
+def test_a_plain_call_behind_a_tool_that_still_runs_fails_naming_it():
+    """If the timed-out tool still runs when the next plain call's own timeout is up, that call fails, within
+    about its timeout, with a message naming the tool it waited for; it never runs beside it."""
+    release, log = threading.Event(), []
+    tools = {"stuck": _stuck_tool(release, log), "quick": _quick_tool(log)}
+    loop = EventLoop()
+    try:
+        run_tool_calls([[ToolCall("stuck", {"x": 1})]], [tools], timeout=0.3, event_loop=loop)
+        start = time.perf_counter()
+        [[second]] = run_tool_calls([[ToolCall("quick", {"x": 2})]], [tools], timeout=0.3, event_loop=loop)
+        waited = time.perf_counter() - start
+    finally:
+        release.set()
+        loop.close()
+    error = json.loads(second.content)["error"]
+    assert second.failed and "'quick' could not start within 0.3 s" in error and "'stuck'" in error
+    assert "quick ran" not in log and waited < 3.0
