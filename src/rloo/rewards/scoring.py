@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from rloo.event_loop import EventLoop
 from rloo.safe_text import visible
 
 RewardFunc = Callable[..., Sequence[float | None]]
@@ -165,6 +166,7 @@ def score_completions(
     step: int = 0,
     error_policy: str = "stop",
     warn_unscored: bool = True,
+    event_loop: EventLoop | None = None,
 ) -> ScoredBatch:
     """Run every reward function on a batch, check each value, and combine them with their weights.
 
@@ -178,13 +180,14 @@ def score_completions(
         error_policy: "stop" raises when a function raises; "none" scores the completions it raised on
             None (each completion re-scored alone to find them) and counts them in `errors`.
         warn_unscored: warn when no function scored any completion (the trainer warns once per run).
+        event_loop: where async functions run (the trainer's, `rloo.event_loop`); None: a loop of their own.
 
     Raises:
         RewardError: naming the function, the step and the sample, when a function raises or
             returns a wrong count, a non-number, NaN or inf.
     """
     errors: dict[str, int] = {}
-    outputs = _call_all(reward_functions, arguments, step, errors if error_policy == "none" else None)
+    outputs = _call_all(reward_functions, arguments, step, errors if error_policy == "none" else None, event_loop)
     columns = [_checked_column(fn, values, arguments, num_completions, step)
                for fn, values in zip(reward_functions, outputs)]
     per_function = torch.stack(columns, dim=1)  # (B, F)
@@ -236,7 +239,7 @@ def reward_function_metrics(names: Sequence[str], per_function: torch.Tensor) ->
 
 
 def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, Any], step: int,
-              errors: dict[str, int] | None = None) -> list[Any]:
+              errors: dict[str, int] | None = None, event_loop: EventLoop | None = None) -> list[Any]:
     """Outputs of every function, in order: plain ones called in turn, async ones awaited together.
     With `errors` (reward_error_policy "none"), a function that raises is scored None where it raises."""
     outputs: list[Any] = [None] * len(reward_functions)
@@ -253,7 +256,7 @@ def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, A
         else:
             outputs[index] = result
     if pending:
-        results = _run_coroutines(list(pending.values()))
+        results = _run_coroutines(list(pending.values()), event_loop)
         for (index, fn), result in zip(((i, reward_functions[i]) for i in pending), results):
             if isinstance(result, BaseException):
                 if errors is None:
@@ -296,12 +299,16 @@ def _none_for_all(fn: RewardFunction, arguments: dict[str, Any], step: int, erro
     return [None] * num_completions
 
 
-def _run_coroutines(awaitables: list[Any]) -> list[Any]:
-    """Await all concurrently; exceptions are returned, not raised, so each is blamed on its function."""
+def _run_coroutines(awaitables: list[Any], event_loop: EventLoop | None = None) -> list[Any]:
+    """Await all concurrently, on the run's `event_loop` when given (the trainer's: clients and locks an async
+    reward function keeps survive from one step to the next); exceptions are returned, not raised, so each is
+    blamed on its function."""
 
     async def gather() -> list[Any]:
         return await asyncio.gather(*awaitables, return_exceptions=True)
 
+    if event_loop is not None:
+        return event_loop.run(gather())
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # the usual case: no loop running in this thread
