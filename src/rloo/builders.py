@@ -5,6 +5,7 @@ schedule, run length and the default sampler. Each builder takes the config and 
 from __future__ import annotations
 
 import copy
+import datetime
 import inspect
 import math
 from typing import Any, Sequence
@@ -62,8 +63,18 @@ def _accelerator(args: RLOOConfig) -> Accelerator:
         # Where an optimizer step ends: DeepSpeed reads its accumulation from here, and
         # `update.Learner` sets `sync_gradients` per micro-batch.
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        kwargs_handlers=deepspeed_setup.process_group_kwargs(args),  # DeepSpeed on CPU processes: gloo
+        kwargs_handlers=_process_group_kwargs(args),
     )
+
+
+def _process_group_kwargs(args: RLOOConfig) -> list:
+    """The process group's set-up: DeepSpeed's backend on CPU processes, and every collective's deadline."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    handlers = deepspeed_setup.process_group_kwargs(args) or [InitProcessGroupKwargs()]
+    for handler in handlers:
+        handler.timeout = datetime.timedelta(seconds=args.ddp_timeout)
+    return handlers
 
 
 def use_bf16(args: RLOOConfig) -> bool:

@@ -280,6 +280,11 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
             f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
     require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
     require(c.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {c.log_level!r}.")
+    require(c.reward_timeout is None or (isinstance(c.reward_timeout, (int, float)) and not isinstance(c.reward_timeout, bool)
+                                         and math.isfinite(c.reward_timeout) and c.reward_timeout > 0),
+            f"reward_timeout must be a positive number of seconds, or None to wait as long as a reward takes; got "
+            f"{c.reward_timeout!r}.")
+    require(c.ddp_timeout > 0, f"ddp_timeout must be > 0 seconds, got {c.ddp_timeout!r}.")
     require(c.reward_error_policy in REWARD_ERROR_POLICIES,
             f"reward_error_policy must be one of {REWARD_ERROR_POLICIES}, got {c.reward_error_policy!r}.")
     require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",

@@ -150,7 +150,8 @@ class RolloutCollector:
         arguments.update(log_extra=reward_log.log_extra, log_metric=reward_log.log_metric)
         scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
                                    step=global_step, error_policy=self.args.reward_error_policy,
-                                   warn_unscored=not self.warned_unscored, event_loop=self.event_loop)
+                                   warn_unscored=not self.warned_unscored, event_loop=self.event_loop,
+                                   timeout=self.args.reward_timeout)
         self.warned_unscored = self.warned_unscored or not bool(scored.valid.any())  # said once per run, not per step
         if self.args.reward_error_policy == "none":
             for fn in self.reward_functions:
