@@ -127,6 +127,7 @@ def test_half_copy_keys_are_16_bit(tokenizer):
     ids = torch.tensor([[5, 6, 7]])
     out = copy(input_ids=ids, use_cache=True)
     assert out.past_key_values.layers[0].keys.dtype == torch.bfloat16
+    assert copy.model.rotary_emb.inv_freq.dtype == torch.float32  # bf16 frequencies would move every position
 
 
 def test_invalid_fields_are_refused(tokenizer):

@@ -161,7 +161,8 @@ def copyable(model: torch.nn.Module) -> bool:
 
 
 def half_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A frozen copy of `model` in `dtype` (norm weights included, so the KV cache is `dtype` too), in eval mode,
+    """A frozen copy of `model` with its parameters in `dtype` (norm weights included, so the KV cache is `dtype`
+    too; buffers such as the rotary inv_freq keep theirs: in bf16 they would move positions), in eval mode,
     on the class's own forward (not a forward an accelerator wrapped on the instance)."""
     grads = {p: p.grad for p in model.parameters()}
     for p in grads:
@@ -172,7 +173,9 @@ def half_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
         for p, grad in grads.items():
             p.grad = grad
     weights.__dict__.pop("forward", None)
-    return weights.to(dtype).requires_grad_(False).eval()
+    for parameter in weights.parameters():  # parameters only: buffers such as rotary inv_freq stay fp32
+        parameter.data = parameter.data.to(dtype)
+    return weights.requires_grad_(False).eval()
 
 
 def autocast_would_cast(model: torch.nn.Module) -> bool:
