@@ -30,6 +30,7 @@ from rloo.passes.logprobs import completion_logprobs, position_ids_from_mask
 from rloo.passes.prefix_logprobs import (
     can_share_prompts,
     grouped_completion_logprobs,
+    grouped_pays,
     groups_share_prompts,
     shares_image_prompts,
 )
@@ -304,11 +305,13 @@ class RolloutCollector:
         (`passes.prefix_logprobs`), the same log-probs as running every row whole. Models whose cache cannot be
         shared that way (sliding windows, linear attention), rows whose groups do not share one prompt, and rows
         with images on a model with 3-D positions not verified here (`shares_image_prompts`) run every row whole
-        (with images, each with a copy of its prompt's vision tensors, `data.images`)."""
+        (with images, each with a copy of its prompt's vision tensors, `data.images`). On CUDA every row runs whole
+        (`passes.prefix_logprobs.grouped_pays`: the unmasked whole rows keep SDPA's flash kernel)."""
         completion_length, size = sampled.completion_ids.shape[1], self.args.per_device_train_batch_size
         group_size, vision = self.args.num_generations, sampled.vision
         with self.accelerator.autocast():
             shared = can_share_prompts(model) if vision is None else shares_image_prompts(model)
+            shared = shared and grouped_pays(sampled.completion_ids.device)
             if shared and groups_share_prompts(sampled.prompt_ids, sampled.prompt_mask, group_size, vision):
                 return grouped_completion_logprobs(model, sampled.prompt_ids, sampled.prompt_mask,
                                                    sampled.completion_ids, sampled.completion_mask, group_size,
