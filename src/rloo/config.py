@@ -402,6 +402,14 @@ class RLOOConfig:
     the function, step and sample; the last checkpoint is kept) or "none" (the completions it raised on
     are scored None by that function, a warning names the count, and `rewards/<name>/errors` logs it)."""
 
+    # --- code sandbox (rloo.rewards.isolation; issue #51) ---
+    sandbox_allow_missing: list[str] | None = None
+    """Code sandbox layers ("namespaces", "landlock", "pids_cgroup") the run accepts running without where this
+    machine cannot set them up. By default it fails closed: when the namespaces layer cannot start, a run with a
+    code reward (code_execution) is refused at start with the reason and the fix; ["namespaces"] runs it with
+    the weaker layers left (docs/rewards.md's table says what each combination stops). The environment variable
+    RLOO_SANDBOX_ALLOW_MISSING=namespaces does the same."""
+
     # --- fault deadlines (issue #48; docs/errors.md, "Faults") ---
     reward_timeout: float | None = None
     """Seconds one reward function may take on one batch before the run treats it as hung. None (the default)

@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from rloo.run.safe_text import visible
+from rloo.event_loop import EventLoop
+from rloo.safe_text import visible
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
@@ -170,6 +171,7 @@ def score_completions(
     step: int = 0,
     error_policy: str = "stop",
     warn_unscored: bool = True,
+    event_loop: EventLoop | None = None,
     timeout: float | None = None,
 ) -> ScoredBatch:
     """Run every reward function on a batch, check each value, and combine them with their weights.
@@ -184,6 +186,7 @@ def score_completions(
         error_policy: "stop" raises when a function raises; "none" scores the completions it raised on
             None (each completion re-scored alone to find them) and counts them in `errors`.
         warn_unscored: warn when no function scored any completion (the trainer warns once per run).
+        event_loop: where async functions run (the trainer's, `rloo.event_loop`); None: a loop of their own.
         timeout: reward_timeout, the seconds one function may take on the batch (None: no deadline). A function
             past it is abandoned and handled by `error_policy` (scored None on the whole batch with "none").
 
@@ -192,7 +195,8 @@ def score_completions(
             returns a wrong count, a non-number, NaN or inf; RewardTimeout when one runs past `timeout`.
     """
     errors: dict[str, int] = {}
-    outputs = _call_all(reward_functions, arguments, step, errors if error_policy == "none" else None, timeout)
+    outputs = _call_all(reward_functions, arguments, step, errors if error_policy == "none" else None, event_loop,
+                        timeout)
     columns = [_checked_column(fn, values, arguments, num_completions, step)
                for fn, values in zip(reward_functions, outputs)]
     per_function = torch.stack(columns, dim=1)  # (B, F)
@@ -244,7 +248,8 @@ def reward_function_metrics(names: Sequence[str], per_function: torch.Tensor) ->
 
 
 def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, Any], step: int,
-              errors: dict[str, int] | None = None, timeout: float | None = None) -> list[Any]:
+              errors: dict[str, int] | None = None, event_loop: EventLoop | None = None,
+              timeout: float | None = None) -> list[Any]:
     """Outputs of every function, in order: plain ones called in turn, async ones awaited together.
     With `errors` (reward_error_policy "none"), a function that raises is scored None where it raises,
     and one that runs past `timeout` is scored None on the whole batch."""
@@ -266,7 +271,7 @@ def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, A
         else:
             outputs[index] = result
     if pending:
-        results = _run_coroutines(list(pending.values()))
+        results = _run_coroutines(list(pending.values()), event_loop)
         for (index, fn), result in zip(((i, reward_functions[i]) for i in pending), results):
             if timeout is not None and isinstance(result, asyncio.TimeoutError):  # asyncio.wait_for's
                 result = _timeout_error(fn, arguments, step, timeout)
@@ -346,12 +351,16 @@ def _none_for_all(fn: RewardFunction, arguments: dict[str, Any], step: int, erro
     return [None] * num_completions
 
 
-def _run_coroutines(awaitables: list[Any]) -> list[Any]:
-    """Await all concurrently; exceptions are returned, not raised, so each is blamed on its function."""
+def _run_coroutines(awaitables: list[Any], event_loop: EventLoop | None = None) -> list[Any]:
+    """Await all concurrently, on the run's `event_loop` when given (the trainer's: clients and locks an async
+    reward function keeps survive from one step to the next); exceptions are returned, not raised, so each is
+    blamed on its function."""
 
     async def gather() -> list[Any]:
         return await asyncio.gather(*awaitables, return_exceptions=True)
 
+    if event_loop is not None:
+        return event_loop.run(gather())
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # the usual case: no loop running in this thread
