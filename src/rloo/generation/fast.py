@@ -150,9 +150,10 @@ class FastSampler(SamplingSettings):
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
-               vision: Any = None) -> SampledBatch:
+               vision: Any = None, max_new_tokens: int | None = None) -> SampledBatch:
         """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, as the
-        generate sampler takes them); the prefill runs one row per distinct prompt."""
+        generate sampler takes them); the prefill runs one row per distinct prompt. `max_new_tokens`: this
+        call's length limit (`Sampler.sample`), else the configured one."""
         if vision is not None:
             refuse_3d_positions(model)  # before any work: models with 3-D positions not verified here
         device = next(model.parameters()).device
@@ -160,7 +161,7 @@ class FastSampler(SamplingSettings):
         model.eval()
         unique_ids, unique_mask = left_pad(prompts, self.pad_token_id, device)  # (N, P)
         completion_ids, logprobs = self._decode(model, prompts, unique_ids, unique_mask, num_generations,
-                                                vision)  # (N*K, C)
+                                                vision, max_new_tokens or self.max_new_tokens)  # (N*K, C)
         model.train(was_training)
 
         completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
@@ -194,25 +195,28 @@ class FastSampler(SamplingSettings):
         return prefill.logits[:, -1], rope_deltas  # (B, V), (B, 1) or None
 
     def _decode(self, model: torch.nn.Module, prompts: list[list[int]], prompt_ids: torch.Tensor,
-                prompt_mask: torch.Tensor, k: int, vision: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                prompt_mask: torch.Tensor, k: int, vision: Any = None, max_new_tokens: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """N prompts, also as (N, P) left-padded ids -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
         and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
         trainer computes them). The image token, with `vision`, is never drawn."""
         cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
+        max_new_tokens = max_new_tokens or self.max_new_tokens
         head = 0 if vision is not None or len(prompts) < 2 else shared_head_length(prompts)
         if head >= MIN_SHARED_HEAD:
             tails, tail_mask = left_pad([p[head:] for p in prompts], self.pad_token_id, prompt_ids.device)  # (N, S)
-            cache = append_in_place_cache(model.config, room=tails.shape[1] + self.max_new_tokens)
+            cache = append_in_place_cache(model.config, room=tails.shape[1] + max_new_tokens)
             if all(type(layer) is AppendInPlaceLayer for layer in cache.layers):
                 next_logits, attention_mask = self._prefill_shared_head(
                     model, cache, cache_name, torch.tensor(prompts[0][:head], device=prompt_ids.device), tails,
                     tail_mask, k)
-                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None)
-        cache = append_in_place_cache(model.config, room=self.max_new_tokens)
+                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None,
+                                         max_new_tokens)
+        cache = append_in_place_cache(model.config, room=max_new_tokens)
         next_logits, rope_deltas = self._prefill(model, cache, cache_name, prompt_ids, prompt_mask, k, vision)
         suppressed = None if vision is None or vision.image_token_id is None else vision.image_token_id
         return self._decode_from(model, cache, cache_name, next_logits, prompt_mask.repeat_interleave(k, dim=0),
-                                 rope_deltas, suppressed)
+                                 rope_deltas, suppressed, max_new_tokens)
 
     def _prefill_shared_head(self, model: torch.nn.Module, cache: Any, cache_name: str, head_ids: torch.Tensor,
                              tail_ids: torch.Tensor, tail_mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,23 +236,23 @@ class FastSampler(SamplingSettings):
 
     def _decode_from(self, model: torch.nn.Module, cache: Any, cache_name: str, next_logits: torch.Tensor,
                      attention_mask: torch.Tensor, rope_deltas: torch.Tensor | None,
-                     suppressed: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     suppressed: int | None, max_new_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode loop from a prefilled `cache` of B rows: (B, V) first logits and the (B, T) mask over the
         cache, which grows by one column a step."""
-        device = next_logits.device
+        device, max_new_tokens = next_logits.device, max_new_tokens or self.max_new_tokens
         next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) position of the next token
         eos_ids = torch.tensor(self.eos_token_ids, device=device)
         finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=device)  # (B,)
 
         tokens, logprobs = [], []
-        for step in range(self.max_new_tokens):
+        for step in range(max_new_tokens):
             token, logprob = self._next_token(next_logits, suppressed)  # (B,), (B,)
             token = token.masked_fill(finished, self.pad_token_id)  # rows already ended only pad
             tokens.append(token)
             logprobs.append(logprob)
             finished |= torch.isin(token, eos_ids)
             # One host sync per step: it saves all the remaining steps once every row has ended.
-            if step == self.max_new_tokens - 1 or bool(finished.all()):
+            if step == max_new_tokens - 1 or bool(finished.all()):
                 break
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
             positions = next_position if rope_deltas is None else mrope.decode_positions(next_position, rope_deltas)
