@@ -63,18 +63,21 @@ class PagedSampler(SamplingSettings):
         """Nothing to sync: this sampler runs the policy itself."""
 
     @torch.no_grad()
-    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
+    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
+               max_new_tokens: int | None = None) -> SampledBatch:
+        """`max_new_tokens`: this call's length limit (`Sampler.sample`), else the configured one."""
+        max_new_tokens = max_new_tokens or self.max_new_tokens
         forks = num_generations if self.do_sample and FORKS_RETURNED else 1
         requests = prompts if forks > 1 else [p for p in prompts for _ in range(num_generations)]
         config = GenerationConfig(
             do_sample=self.do_sample, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p or None, **self.generation_kwargs,
-            num_return_sequences=forks, max_new_tokens=self.max_new_tokens,
+            num_return_sequences=forks, max_new_tokens=max_new_tokens,
             eos_token_id=list(self.eos_token_ids), pad_token_id=self.pad_token_id,
         )
         given = dict(self.cache_config or {})
         cache = ContinuousBatchingConfig(return_logprobs=self.return_logprobs,
-                                         **cache_settings(requests, forks, self.max_new_tokens, given))
+                                         **cache_settings(requests, forks, max_new_tokens, given))
         was_training = model.training
         model.eval()
         try:

@@ -217,8 +217,8 @@ class AsyncRollouts:
             collector.sampler.prepare(self.snapshot)
         self.board = WeightBoard(self.snapshot, separate=max_staleness > 1)
         # With tools, the sampler runs its own copy of the multi-turn stage: its environments are its own.
-        multi_turn = None if collector.multi_turn is None else collector.multi_turn.for_sampler()
-        sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True, multi_turn=multi_turn)
+        sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True,
+                                                prompt_stage=collector.prompt_stage.for_sampler())
         if worker == "process":
             self.board.share_memory()
             self.runner: ThreadCollector | ForkedCollector = ForkedCollector(sampler_collector, self.board)
