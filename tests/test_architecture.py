@@ -106,7 +106,7 @@ def test_no_import_loops():
 # The floors of the house, lowest first: a package or root module imports only from its own floor or the floors
 # below. docs/architecture.md draws them; a new package must be given a floor here.
 FLOORS = (
-    ("foundations", {"algo", "_version", "safe_text"}),          # no rloo imports (algo: the math, torch only)
+    ("foundations", {"algo", "_version", "safe_text", "event_loop"}),  # no rloo imports (algo: the math, torch only)
     ("the config", {"config", "config_checks"}),
     ("inputs", {"data", "tools", "passes", "distributed", "model_loading"}),  # datasets, tools, model passes, devices
     ("samplers and rewards", {"generation", "rewards"}),
@@ -170,7 +170,7 @@ def test_the_core_does_not_import_the_trl_layer():
 
 # The loop (trainer, update, evaluation), its contracts (config), what builds its parts, and the leaf helpers.
 ROOT_MODULES = {"__init__", "_version", "config", "config_checks", "trainer", "update", "evaluation", "builders", "model_loading",
-                "safe_text"}
+                "safe_text", "event_loop"}
 # Files over the line limit that are field documentation: the config's fields, and TRL's field table.
 FIELD_DOCS = {"config.py", "compat/config_fields.py"}
 MAX_FUNCTION_LINES, MAX_FILE_LINES = 60, 400
@@ -193,3 +193,15 @@ def test_no_function_over_60_lines_and_no_file_over_400():
                 if length > MAX_FUNCTION_LINES:
                     too_long.append(f"{name}: {node.name} {length} lines")
     assert not too_long, too_long
+
+
+# ------------------------------------------------------------------ the seams (issue #45)
+
+ROLLOUT_SOURCE_KINDS = {"rloo.rollout.dynamic_sampling", "rloo.rollout.async_rollouts"}
+
+
+def test_the_trainer_reaches_the_rollout_source_kinds_only_through_the_factory():
+    """The trainer holds one `rollout.sources.RolloutSource`; which kind it is, is decided in `rollout_source`."""
+    graph = import_graph()
+    assert "rloo.rollout.sources" in graph["rloo.trainer"]
+    assert not graph["rloo.trainer"] & ROLLOUT_SOURCE_KINDS, sorted(graph["rloo.trainer"] & ROLLOUT_SOURCE_KINDS)

@@ -75,6 +75,7 @@ def validate(c: RLOOConfig) -> None:
     _check_algorithm(c)
     _check_run_and_outputs(c)
     _check_scale_out(c)
+    _check_sandbox(c)
 
 
 def _check_batch_sizes(c: RLOOConfig) -> None:
@@ -279,6 +280,11 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
             f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
     require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
     require(c.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {c.log_level!r}.")
+    require(c.reward_timeout is None or (isinstance(c.reward_timeout, (int, float)) and not isinstance(c.reward_timeout, bool)
+                                         and math.isfinite(c.reward_timeout) and c.reward_timeout > 0),
+            f"reward_timeout must be a positive number of seconds, or None to wait as long as a reward takes; got "
+            f"{c.reward_timeout!r}.")
+    require(c.ddp_timeout > 0, f"ddp_timeout must be > 0 seconds, got {c.ddp_timeout!r}.")
     require(c.reward_error_policy in REWARD_ERROR_POLICIES,
             f"reward_error_policy must be one of {REWARD_ERROR_POLICIES}, got {c.reward_error_policy!r}.")
     require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",
@@ -382,3 +388,9 @@ def _valid_clip_range(value: Any) -> bool:
         return True
     return (isinstance(value, (tuple, list)) and len(value) == 2 and all(number(v) for v in value)
             and value[0] < value[1])
+
+
+def _check_sandbox(c: RLOOConfig) -> None:
+    layers = ("namespaces", "landlock", "pids_cgroup")  # rloo.rewards.isolation.LAYER_NAMES
+    unknown = sorted(set(c.sandbox_allow_missing or ()) - set(layers))
+    require(not unknown, f"sandbox_allow_missing names unknown layers {unknown}; the layers are {list(layers)}.")

@@ -200,7 +200,7 @@ class MultiTurnRollout:
         while active and (self.max_tool_calling_iterations is None or rounds < self.max_tool_calling_iterations):
             rounds += 1
             calls = [self.pending_calls[i] for i in active]
-            results = run_tool_calls(calls, [toolboxes[i] for i in active], self.tool_call_timeout)
+            results = run_tool_calls(calls, [toolboxes[i] for i in active], self.tool_call_timeout, collector.event_loop)
             continuing = []
             for i, turn_calls, turn_results in zip(active, calls, results):
                 episodes.tool_calls += len(turn_calls)
