@@ -1,6 +1,6 @@
-"""`rloo train` (or one rank of a torchrun world) with one fault injected, for benchmarks/faults.py.
+"""`rloo train` (or one rank of a torchrun world) with one fault injected, for benchmarks/runs/faults.py.
 
-    python benchmarks/fault_run.py [rloo train flags...]      with RLOO_FAULT=<point>:<n>:<action>
+    python benchmarks/runs/fault_run.py [rloo train flags...]      with RLOO_FAULT=<point>:<n>:<action>
 
 point: "step" (after this process's n-th optimizer step), "eval" (at the start of its n-th evaluation),
 "save" (inside its n-th checkpoint save, every file written, before the rename), "reward_model" (its n-th

@@ -1,9 +1,9 @@
 """Fault injection into real tiny `rloo train` runs (issue #48): each fault, how long until the run ended, its exit
 status, the first line of its message, what was lost, and what processes it left behind.
 
-    flock /tmp/rloo-heavy.lock python benchmarks/faults.py [--only NAME,NAME] [--json results.json]
+    flock /tmp/rloo-heavy.lock python benchmarks/runs/faults.py [--only NAME,NAME] [--json results.json]
 
-Every run is a subprocess (benchmarks/fault_run.py: `rloo train` with the fault armed) on the tests' tiny model,
+Every run is a subprocess (benchmarks/runs/fault_run.py: `rloo train` with the fault armed) on the tests' tiny model,
 in its own session and tagged through its environment, so that every process it started, however detached, is
 found afterwards by scanning /proc (`left behind`; they are then killed). A run that outlives its deadline is a
 hang (killed). `lost`: complete checkpoints written before the fault that no longer verify (their manifest's
@@ -29,8 +29,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RUNNER = ROOT / "benchmarks" / "fault_run.py"
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = ROOT / "benchmarks" / "runs" / "fault_run.py"
 TAG = "RLOO_FAULT_TAG"
 
 # A tiny run: 6 optimizer steps of 8 completions, a checkpoint every 2, an evaluation every 3.
