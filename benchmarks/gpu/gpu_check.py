@@ -1,7 +1,7 @@
 """rloo on a GPU, in one short run: correctness of the fast paths on CUDA, then speed and memory against TRL.
 
     bash scripts/gpu_check.sh OUTDIR            # on the GPU machine: installs the carried wheels, then runs this
-    python benchmarks/gpu_check.py --cpu-tiny --out /tmp/gpu-check   # the dry run (CI): same code paths, tiny, on CPU
+    python benchmarks/gpu/gpu_check.py --cpu-tiny --out /tmp/gpu-check   # the dry run (CI): same code paths, tiny, on CPU
 
 Writes OUTDIR/gpu_check.json (rewritten after every section, so a run cut short keeps what it finished) and
 OUTDIR/gpu_check.md (the short table, also printed last). Sections, each guarded so that one failure loses
@@ -67,7 +67,7 @@ from typing import Any, Callable
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Qwen/Qwen3-0.6B's config.json (transformers' Qwen3Config names): 28 layers of width 1024, 16 query and 8 KV
 # heads of 128, a 3072-wide gated MLP, per-head RMSNorms on queries and keys (Qwen3's qk-norm, built into the

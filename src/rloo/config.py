@@ -115,7 +115,7 @@ class RLOOConfig:
     copies of its KV cache (kept in the autograd graph): the same log-probs and gradients as running
     every row whole. Pays where the decoder dominates, most on long prompts (3.6x at prompt 512 /
     completion 64, 5.3x at 1024 / 32 on CPU; about even where a large LM head dominates:
-    benchmarks/shared_prefix.py, docs/algorithm.md). Needs a model whose KV cache holds attention
+    benchmarks/speed/shared_prefix.py, docs/algorithm.md). Needs a model whose KV cache holds attention
     keys (full or sliding-window layers; not linear attention, and a sliding window under eager or sdpa
     attention, not flash attention's kernel); with gradient_checkpointing, the decoder layers of both the
     prompts' and the completions' pass are recomputed. With images in the prompts, each prompt's images

@@ -1,4 +1,4 @@
-"""What TRL's own RLOOTrainer tests rely on (benchmarks/trl_suite.py runs them): the closing log entry,
+"""What TRL's own RLOOTrainer tests rely on (benchmarks/trl_suite/trl_suite.py runs them): the closing log entry,
 TRL's attributes, the eval sets TRL takes, and the TRL options that rloo accepts."""
 
 import logging

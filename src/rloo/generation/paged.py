@@ -14,7 +14,7 @@ tokens, and at most MAX_BATCH_TOKENS tokens go through one forward pass; if that
 transformers sizes the cache as it does by default and queues what does not fit. Left to itself, transformers
 sizes the cache from free memory: 60% of free RAM on CPU, 90% of the free GPU memory, which a training
 process needs for itself (a tiny model's call took 14 GB on this project's 24 GB machine:
-benchmarks/paged_cache_memory.py).
+benchmarks/memory/paged_cache_memory.py).
 
 `cache_config` (the config's transformers_continuous_batching_config, TRL's name) holds a user's
 ContinuousBatchingConfig arguments, laid over that sizing; one that gives num_blocks or max_memory_percent
