@@ -45,7 +45,9 @@ STOPPED_BY = {
     "loopback UDP port": ("namespaces",),  # Landlock restricts TCP only
     "the trainer's environment": ("always",),
     "a file of the trainer's (world-readable)": ("namespaces", "landlock"),
-    "another process's environment": ("namespaces", "landlock", "uid drop"),  # Landlock: no ptrace access out
+    # Landlock denies ptrace access (/proc/<pid>/environ) out of its domain to a program that is not root (a
+    # root one with CAP_SYS_PTRACE read it when the uid drop was removed on purpose); the program never is root
+    "another process's environment": ("namespaces", "landlock", "uid drop"),
     "/etc/shadow": ("namespaces", "landlock", "uid drop"),
     "signalling another process": ("namespaces", "landlock>=6", "uid drop"),
     "running as root or with capabilities": ("always",),

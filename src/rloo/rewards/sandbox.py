@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from rloo.rewards import isolation
 from rloo.rewards.isolation import SandboxUnavailable
+from rloo.rewards.pids_cgroup import PidsCgroup, pids_cgroup_parent
 from rloo.rewards.verdicts import judge, plan_test
 
 __all__ = ["SandboxResult", "SandboxUnavailable", "run_tests"]
@@ -207,9 +208,8 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
         max_processes: processes and threads the child may have at once: the pids cgroup's limit where there is
             one, and RLIMIT_NPROC (which binds inside the user namespace, even when the trainer is root).
         allow_unisolated: run even where neither namespaces nor Landlock work (see `isolation.py`).
-        allow_missing: layer names ("namespaces", ...) to run without where they cannot be set up; without
-            "namespaces" here (or in RLOO_SANDBOX_ALLOW_MISSING, or RLOOConfig.sandbox_allow_missing) a machine
-            whose namespaces fail refuses (SandboxUnavailable).
+        allow_missing: layers ("namespaces", ...) accepted missing; unless "namespaces" is accepted (here, by
+            RLOO_SANDBOX_ALLOW_MISSING or RLOOConfig.sandbox_allow_missing), no namespaces: SandboxUnavailable.
     """
     layers = isolation.check_isolation(allow_unisolated, allow_missing)
     plans = [plan_test(test) for test in tests]
@@ -219,7 +219,7 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
         sandbox, home, tmp, read_roots, write_roots = _child_places(layers, private, disk_mb, max_files)
         cgroup = None
         if layers["pids_cgroup"]:  # a launcher (and with namespaces an init) come before the program's processes
-            cgroup = isolation.PidsCgroup(isolation.pids_cgroup_parent()[0], max_processes + (2 if layers["namespaces"] else 1))
+            cgroup = PidsCgroup(pids_cgroup_parent()[0], max_processes + (2 if layers["namespaces"] else 1))
             sandbox["cgroup"] = cgroup.path
         payload = json.dumps({
             "code": code, "tests": [plan.steps for plan in plans], "rlimits": rlimits, "sandbox": sandbox,
