@@ -5,6 +5,7 @@ schedule, run length and the default sampler. Each builder takes the config and 
 from __future__ import annotations
 
 import copy
+import datetime
 import inspect
 import math
 from typing import Any, Sequence
@@ -62,8 +63,18 @@ def _accelerator(args: RLOOConfig) -> Accelerator:
         # Where an optimizer step ends: DeepSpeed reads its accumulation from here, and
         # `update.Learner` sets `sync_gradients` per micro-batch.
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        kwargs_handlers=deepspeed_setup.process_group_kwargs(args),  # DeepSpeed on CPU processes: gloo
+        kwargs_handlers=_process_group_kwargs(args),
     )
+
+
+def _process_group_kwargs(args: RLOOConfig) -> list:
+    """The process group's set-up: DeepSpeed's backend on CPU processes, and every collective's deadline."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    handlers = deepspeed_setup.process_group_kwargs(args) or [InitProcessGroupKwargs()]
+    for handler in handlers:
+        handler.timeout = datetime.timedelta(seconds=args.ddp_timeout)
+    return handlers
 
 
 def use_bf16(args: RLOOConfig) -> bool:
@@ -191,6 +202,21 @@ def build_reference(policy: torch.nn.Module, args: RLOOConfig) -> torch.nn.Modul
     if args.beta > 0 and not is_peft_model(policy):
         return copy.deepcopy(policy).eval().requires_grad_(False)
     return None
+
+
+def reference_in_compute_dtype(reference: torch.nn.Module | None, accelerator: Any) -> torch.nn.Module | None:
+    """The frozen reference with its parameters in bf16 when the run is bf16 autocast on one CUDA device or plain
+    data parallel (issue #46): it is only read, under autocast its products are bf16 anyway, and each no-grad pass
+    then casts nothing (half the memory, no per-call casts). Buffers (rotary inv_freq) keep their type; FSDP2 and
+    DeepSpeed shard the reference as they shard the policy, so it is left as it is there, and on CPU."""
+    from accelerate.utils import DistributedType
+
+    if (reference is None or accelerator.device.type != "cuda" or accelerator.mixed_precision != "bf16"
+            or accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU)):
+        return reference
+    for parameter in reference.parameters():
+        parameter.data = parameter.data.to(torch.bfloat16)
+    return reference
 
 
 def build_optimizer(model: torch.nn.Module, args: RLOOConfig) -> torch.optim.Optimizer:

@@ -20,7 +20,7 @@ from rloo.cli.parser import parse_train_args
 from rloo.cli.rewards import resolve_reward_func, tool_arguments
 from rloo.compat import config_fields, trl_flags
 from rloo.config import ConfigError
-from rloo.run.safe_text import visible
+from rloo.safe_text import visible
 
 __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 
