@@ -80,3 +80,26 @@ def test_adapter_versions_are_written_whole_and_the_oldest_dropped(tmp_path):
     with pytest.raises(StaleAdapterError, match="version 1"):
         slots.check(1)
     slots.check(3)
+
+
+def test_a_server_without_lora_or_with_a_smaller_rank_is_named():
+    from rloo.generation.vllm_client import HTTPEngine
+
+    engine = HTTPEngine("http://127.0.0.1:1", timeout=1)
+    assert not engine.serves_lora(4) and "--enable_lora" in engine.lora_refusal
+    engine._lora = {"max_lora_rank": 8, "max_loras": 2}
+    assert engine.serves_lora(8)
+    assert not engine.serves_lora(16) and "--max_lora_rank 8" in engine.lora_refusal
+
+
+def test_a_rollout_sampled_by_another_adapter_version_than_its_weights_is_refused():
+    """async_rollouts: every row's adapter version must be the one pushed from the weights pi_old was computed with."""
+    from rloo.rollout.async_rollouts import check_sampler_versions
+
+    rollout = SimpleNamespace(sampler_version=torch.tensor([3, 3, 3, 3]))
+    check_sampler_versions(rollout, {2: None, 3: 4}, weights_step=4)
+    with pytest.raises(StaleAdapterError, match="step 4"):
+        check_sampler_versions(rollout, {3: 2}, weights_step=4)  # version 3 came from step 2's weights
+    with pytest.raises(StaleAdapterError):
+        check_sampler_versions(rollout, {3: None}, weights_step=4)  # version 3 is the live policy's (evaluation)
+    check_sampler_versions(SimpleNamespace(sampler_version=None), {}, weights_step=4)

@@ -146,7 +146,7 @@ def test_sending_the_previous_version_is_caught(setup, monkeypatch):
     batch = sampler.sample(policy, prompts, K)
     previous = vllm_lora.adapter_tensors(policy)
     optimizer_step(policy, batch)
-    monkeypatch.setattr("rloo.generation.vllm.adapter_tensors", lambda model: previous)
+    monkeypatch.setattr("rloo.generation.vllm_lora.adapter_tensors", lambda model: previous)
     sampler.on_optimizer_step(policy)
     wrong = sampler.sample(policy, prompts, K)
     print(f"previous version sent: gap {gap(policy, wrong):.2e}")
@@ -168,7 +168,7 @@ def test_rslora_scaling_reaches_the_engine(setup, monkeypatch):
     def without_rslora(model):
         return plain_config(model).replace('"use_rslora": true', '"use_rslora": false')
 
-    monkeypatch.setattr("rloo.generation.vllm.adapter_config_json", without_rslora)
+    monkeypatch.setattr("rloo.generation.vllm_lora.adapter_config_json", without_rslora)
     sampler.on_optimizer_step(rslora)
     wrong = gap(rslora, sampler.sample(rslora, prompts, K))
     print(f"rsLoRA: gap {right:.2e} with alpha / sqrt(r), {wrong:.2e} when loaded with alpha / r")
@@ -187,3 +187,52 @@ def test_a_stale_adapter_version_is_refused(setup):
     for version in (held[0] - 1, sampler._version + 1):
         with pytest.raises(StaleAdapterError, match=f"adapter version {version}"):
             sampler.engine.generate(prompts, 1, params, adapter=version)
+
+
+ASYNC_LORA_SCRIPT = """
+import json, sys
+from datasets import Dataset
+from peft import LoraConfig
+from rloo import RLOOConfig, RLOOTrainer
+
+def reward_digits(completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+if __name__ == "__main__":
+    folder, out = sys.argv[1], sys.argv[2]
+    data = Dataset.from_list([{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)])
+    args = RLOOConfig(output_dir=out, sampler="vllm", async_rollouts=True, max_staleness=2, num_generations=4,
+                      per_device_train_batch_size=8, max_completion_length=8, max_steps=4, learning_rate=3e-2,
+                      beta=0.0, logging_steps=1, save_steps=0, report_to=[], seed=0, eval_steps=2)
+    lora = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    trainer = RLOOTrainer(model=folder, reward_funcs=reward_digits, args=args, train_dataset=data,
+                          eval_dataset=data.select(range(2)), peft_config=lora)
+    trainer.train()
+    sampler = trainer.sampler
+    print("SYNC", json.dumps({"kind": sampler.last_sync["kind"], "versions": sampler._version,
+                              "tags": {str(k): v for k, v in sampler.version_tags.items()}}))
+"""
+
+
+def test_async_rollouts_sample_with_the_adapter_version_of_their_weights(setup, tmp_path):
+    """async_rollouts with LoRA and adapters alone: the sampler thread's snapshot goes to the engine as its own
+    adapter version (tagged with the optimizer step of its weights; evaluation's live policy is another version),
+    every rollout's rows name that version (check_sampler_versions), and the engine's log-probs stay pi_old's."""
+    from conftest import run_plain_python
+
+    folder = setup[0]
+    script = tmp_path / "train_async_lora.py"
+    script.write_text(ASYNC_LORA_SCRIPT)
+    result = run_plain_python(str(script), str(folder), str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    import json
+
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "sampler/max_abs_log_ratio" in line]
+    gaps, staleness = [line["sampler/max_abs_log_ratio"] for line in steps], [line["async/staleness"] for line in steps]
+    sync = json.loads(result.stdout.split("SYNC ", 1)[1].splitlines()[0])
+    print(f"async LoRA: gaps {gaps}, staleness {staleness}, pushes {sync}")
+    assert len(steps) == 4 and max(gaps) < TOLERANCE
+    assert max(staleness) >= 1 and max(staleness) <= 2
+    assert sync["kind"] == "adapters"
+    assert None in sync["tags"].values() and 0 in sync["tags"].values()  # evaluation's version and the snapshot's

@@ -46,13 +46,12 @@ from rloo.generation.fast import per_prompt_rows
 from rloo.generation.vllm_images import check_expanded, image_requests
 from rloo.generation.vllm_lora import (
     AdapterSlots,
-    adapter_config_json,
     adapter_rank,
-    adapter_tensors,
     choose_lora_sync,
     engine_lora_options,
     lora_config,
     lora_request,
+    push_adapter,
     tensor_bytes,
 )
 
@@ -291,20 +290,23 @@ class VLLMSampler(SamplingSettings):
     _stale: bool = field(default=True, repr=False)  # the engine's weights lag those of the module it last loaded
     _loaded: Any = field(default=None, repr=False, compare=False)  # a weak reference to that module
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)  # one engine call at a time
-    # Under LoRA: "adapters" (the engine holds the base and takes adapter versions) or "merged" (every base weight,
-    # adapters merged in, at each push); decided when the engine is built. None: the policy has no adapters.
+    # Under LoRA, set when the engine is built: "adapters" (adapter versions to an engine that keeps the base) or
+    # "merged" (every weight, adapters merged in); None: no adapters. `_version`: the adapter version it samples with.
     lora_sync: str | None = field(default=None, repr=False, compare=False)
-    _version: int = field(default=0, repr=False, compare=False)  # the adapter version the engine samples with
-    # What weight pushes cost: {"kind", "bytes", "seconds"} of the last one, and the bytes of all of them.
-    last_sync: dict | None = field(default=None, repr=False, compare=False)
-    synced_bytes: int = field(default=0, repr=False, compare=False)
+    _version: int = field(default=0, repr=False, compare=False)
+    last_sync: dict | None = field(default=None, repr=False, compare=False)  # {"kind", "bytes", "seconds"} of a push
+    synced_bytes: int = field(default=0, repr=False, compare=False)  # of all pushes
+    # Adapter version -> its module's tag when pushed (async_rollouts: the snapshot weights' optimizer step)
+    version_tags: dict = field(default_factory=dict, repr=False, compare=False)
+    _tags: Any = field(default_factory=weakref.WeakKeyDictionary, repr=False, compare=False)
 
-    def on_optimizer_step(self, model: torch.nn.Module) -> None:
-        """`model` changed: if the engine holds its weights, push them again before the next generation.
-
-        No lock: the learner must not wait here for async_rollouts' thread to finish generating. A race with
+    def on_optimizer_step(self, model: torch.nn.Module, tag: Any = None) -> None:
+        """`model` changed (to the weights `tag` names, if given): if the engine holds it, push it before the next
+        generation. No lock: the learner must not wait here for async_rollouts' thread to finish generating. A race with
         that thread's push of its snapshot can only cost one extra push: the learner's model is never the
         snapshot, and `sample` pushes whenever the engine holds another module's weights."""
+        if tag is not None:
+            self._tags[model] = tag
         if self._loaded is None or self._loaded() is model:
             self._stale = True
 
@@ -334,18 +336,17 @@ class VLLMSampler(SamplingSettings):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         dtype = next(base.parameters()).dtype  # the engine samples in the policy's precision
-        lora = engine_lora_options(model, self.args) if self.lora_sync == "adapters" else None
-        return ColocatedEngine.build(base.config._name_or_path, self.args, self.args.seed + rank, dtype, lora=lora)
+        return ColocatedEngine.build(base.config._name_or_path, self.args, self.args.seed + rank, dtype,
+                                     lora=engine_lora_options(model, self.args) if self.lora_sync == "adapters" else None)
 
     def push_weights(self, model: torch.nn.Module) -> None:
         """Send the policy to the engine: under vllm_lora_sync="adapters" its adapter tensors alone, as a new
         version; otherwise its weights, LoRA adapters merged in for the push only."""
         start = time.perf_counter()
         if self.lora_sync == "adapters":
-            tensors = adapter_tensors(model)
             self._version += 1
-            self.engine.load_adapter(self._version, tensors, adapter_config_json(model))
-            sent = tensor_bytes(tensors)
+            sent = push_adapter(self.engine, self._version, model)
+            self.version_tags[self._version] = self._tags.get(model)
         else:
             is_peft = hasattr(model, "merge_adapter")
             if is_peft:

@@ -126,6 +126,13 @@ def adapter_config_json(model: torch.nn.Module) -> str:
     return json.dumps({k: sorted(v) if isinstance(v, set) else v for k, v in values.items()}, default=str)
 
 
+def push_adapter(engine: Any, version: int, model: torch.nn.Module) -> int:
+    """Send `model`'s adapter to `engine` as `version`; the bytes of its tensors."""
+    tensors = adapter_tensors(model)
+    engine.load_adapter(version, tensors, adapter_config_json(model))
+    return tensor_bytes(tensors)
+
+
 def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
