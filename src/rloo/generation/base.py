@@ -39,6 +39,8 @@ class SampledBatch:
     tool_mask: torch.Tensor | None = None
     # The rows' image inputs (`data.images.VisionInputs`, one row per completion), set by the collector; None: text.
     vision: Any = None
+    # The LoRA adapter version the engine sampled with (vLLM, vllm_lora_sync="adapters"); None: the weights it holds.
+    adapter_version: int | None = None
 
 
 @dataclass

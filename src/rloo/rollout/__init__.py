@@ -204,6 +204,9 @@ class RolloutCollector:
         and with vllm_importance_sampling_correction weight each token by the ratio kept in its band
         (`algo.off_policy.sampler_correction_weights`; the default is the capped token ratio, TIS)."""
         sampler_logps = sampled.logprobs.to(old_logps.device)
+        version = getattr(sampled, "adapter_version", None)  # which adapter version pi_sampler is (LoRA on vLLM)
+        if version is not None:
+            rollout.sampler_version = torch.full_like(sampled.has_eos, version, dtype=torch.long)
         if self.args.top_k > 0 or self.args.top_p < 1:
             # The engine's log-probs are over its kept set (vLLM's processed_logprobs); put pi_old on the same
             # support, or every ratio carries the kept mass pi_old(S) (TRL issue 6789).
