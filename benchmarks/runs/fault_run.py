@@ -5,7 +5,7 @@
 point: "step" (after this process's n-th optimizer step), "eval" (at the start of its n-th evaluation),
 "save" (inside its n-th checkpoint save, every file written, before the rename), "reward_model" (its n-th
 call of a reward model). action: "TERM" / "INT" / "INT2" (signals sent to this process; INT2 sends SIGINT
-twice), "KILL", "remount_ro" (output_dir, a tmpfs, made read-only), "rmtree_checkpoints" (every
+twice), "KILL", "remount_ro" (output_dir made read-only by a bind mount), "rmtree_checkpoints" (every
 checkpoint-* folder deleted), "rmtree_output" (output_dir deleted), "oom" (torch.OutOfMemoryError),
 "stall" (sleep an hour). RLOO_FAULT_RANK limits the fault to one rank of a distributed run.
 The reward functions below fault on their own (their names say how) on the n-th batch, RLOO_FAULT_BATCH.
@@ -101,7 +101,10 @@ def _act(action: str) -> None:
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGINT)
     elif action == "remount_ro":
-        subprocess.run(["mount", "-o", "remount,ro", str(_output_dir())], check=True)
+        # A read-only bind mount over the folder: files the run holds open stay writable (a remount of the
+        # whole file system is refused while they are), every new file or folder fails with EROFS.
+        subprocess.run(["mount", "--bind", str(_output_dir()), str(_output_dir())], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(_output_dir())], check=True)
     elif action == "rmtree_checkpoints":
         for path in _output_dir().glob("checkpoint-*"):
             shutil.rmtree(path)

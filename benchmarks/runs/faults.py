@@ -79,7 +79,7 @@ def faults() -> list[Fault]:
               flags=["--reward_error_policy", "none"], expect=r"Saved the trained model"),
         # --- async rollouts: the sampler (a forked process on CPU) ---
         Fault("async sampler dies", "sampler process, batch 2", "sampler_dies", flags=async_flags, expect_exit=stop,
-              expect=r"sampler"),
+              expect=r"the sampler process \(pid \d+\) died with exit code 3", deadline=60.0),
         Fault("async sampler raises", "sampler process, batch 2", "sampler_raises", flags=async_flags,
               expect_exit=stop, expect=r"sampler's reward server is down"),
         Fault("async sampler stalls", "sampler process, batch 2", "sampler_stalls", flags=async_flags,
@@ -88,7 +88,7 @@ def faults() -> list[Fault]:
         Fault("disk full in a checkpoint", "checkpoint-4 save (tmpfs full)", tmpfs_kb=0, expect_exit=user,
               expect=r"could not write .*No space left on device", resume=True),
         Fault("output_dir read-only", "after step 3 (remount ro)", fault="step:3:remount_ro", tmpfs_kb=65536,
-              expect_exit=user, expect=r"Read-only file system", resume=True),
+              expect_exit=user, expect=r"rloo: error: .*Read-only file system", resume=True),
         Fault("checkpoints deleted", "after step 3 (rm checkpoint-*)", fault="step:3:rmtree_checkpoints",
               expect=r"Saved the trained model"),
         Fault("output_dir deleted", "after step 3 (rm -r output_dir)", fault="step:3:rmtree_output",
@@ -194,7 +194,8 @@ def first_line(output: str) -> str:
     """The message: the last `rloo: ...` line (the CLI's one-line errors and stop notes), else the last error."""
     lines = [line.strip() for line in re.split(r"[\r\n]", output) if line.strip()]
     for pattern in (r"rloo: (error|stopped|second signal).*", r"\[rank\d\]: \w+(Error|Timeout)\b.*",
-                    r"^\w+(Error|Timeout|Exception)\b.*", r"rloo: \S.*", r"Saved the trained model.*"):
+                    r"^\w+(Error|Timeout|Exception)\b.*", r"reward function .* scored None.*",
+                    r"rloo: \S.*", r"Saved the trained model.*"):
         hits = [match.group(0) for line in lines if (match := re.search(pattern, line))]
         if hits:
             return hits[-1][:160]
@@ -256,7 +257,13 @@ def mount_tmpfs(path: Path, kb: int) -> bool:
 
 
 def unmount(path: Path) -> None:
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+    while subprocess.run(["umount", "-l", str(path)], capture_output=True).returncode == 0:
+        pass  # a fault's bind mount over the tmpfs, then the tmpfs
+
+
+def output_dir_of(work: Path, fault: Fault) -> Path:
+    """The run's output_dir; its output is next to it, in <output_dir>.log."""
+    return work / "runs" / re.sub(r"\W+", "_", fault.name)
 
 
 def run_fault(fault: Fault, work: Path, straight: dict[tuple, Path], checkpoint_kb: int) -> Row:
@@ -265,7 +272,7 @@ def run_fault(fault: Fault, work: Path, straight: dict[tuple, Path], checkpoint_
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]), **fault.env}
     if fault.processes > 1:
         env["ACCELERATE_USE_CPU"] = "1"
-    output_dir = work / "runs" / re.sub(r"\W+", "_", fault.name)
+    output_dir = output_dir_of(work, fault)
     mounted = False
     if fault.tmpfs_kb is not None:
         mounted = mount_tmpfs(output_dir, fault.tmpfs_kb or int(checkpoint_kb * 1.5))
@@ -287,7 +294,9 @@ def run_fault(fault: Fault, work: Path, straight: dict[tuple, Path], checkpoint_
         ok = status is not None and status in fault.expect_exit and re.search(fault.expect, output) is not None
         note = ""
         if fault.resume and status is not None:
-            if mounted:  # the disk freed / the folder writable again, as a user would before resuming
+            if fault.fault.endswith("remount_ro"):  # the folder writable again, as a user would before resuming
+                subprocess.run(["umount", str(output_dir)], capture_output=True)
+            elif mounted:  # the disk freed
                 subprocess.run(["mount", "-o", "remount,rw,size=65536k", str(output_dir)], capture_output=True)
             env[TAG], env["RLOO_FAULT"] = tag + "-resume", ""
             resumed, _, resumed_output = run_process(command(work, fault, output_dir, resume=True), env, 180.0,

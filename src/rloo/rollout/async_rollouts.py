@@ -190,8 +190,9 @@ class ForkedCollector:
         try:
             while True:
                 self.received.put(self.results_in.recv())
-        except (EOFError, OSError):  # the child ended
-            pass
+        except (EOFError, OSError):  # the child ended: say so at once, not after async_rollout_timeout (issue #48)
+            self.process.join(timeout=5)
+            self.received.put(("died", self.process.exitcode))
 
     def submit(self, rows: list[dict[str, Any]], global_step: int, episode: int) -> None:
         self.requests.send((rows, global_step, episode))
@@ -203,6 +204,11 @@ class ForkedCollector:
             status, payload = self.received.get(timeout=timeout)
         except queue.Empty:
             raise concurrent.futures.TimeoutError() from None
+        if status == "died":
+            self.received.put((status, payload))  # every later wait ends the same way
+            raise RuntimeError(f"the sampler process (pid {self.process.pid}) died with exit code {payload} before "
+                               f"delivering a rollout (a negative code is the signal that killed it: -9 is SIGKILL, "
+                               f"often the out-of-memory killer); see its output above.")
         self.queued -= 1
         if status == "error":
             raise RuntimeError(f"the sampler process failed while collecting a rollout:\n{payload}")
