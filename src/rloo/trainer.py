@@ -111,7 +111,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         policy = builders.load_policy(model, peft_config, args, quantization_config, self.processing_class)
         check_vocabulary(self.tokenizer, policy)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
-        reference = builders.reference_in_compute_dtype(builders.build_reference(policy, args), acc)
+        reference = sharding.reference_in_compute_dtype(builders.build_reference(policy, args), acc)
         self.schedule = PromptSchedule(num_rows=len(train_dataset), prompts_per_process=args.prompts_per_rollout,
                                        num_processes=acc.num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
         self.num_rollouts, self.total_steps = builders.run_length(args, self.schedule, acc.num_processes)
