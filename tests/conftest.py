@@ -100,3 +100,9 @@ def torchrun(script, *script_args, use_cpu: bool = True) -> subprocess.Completed
          str(script), *map(str, script_args)],
         capture_output=True, text=True, timeout=600, env=env,
     )
+
+
+def pytest_configure(config):
+    # Run by default (the README's command runs them); `-m "not slow"` leaves them out for a quick pass.
+    config.addinivalue_line("markers", "slow: runs for tens of seconds or more (the sandbox's location and layer "
+                                       "matrices); deselect with -m 'not slow'")

@@ -24,7 +24,6 @@ from rloo.algo.choices import (
     LOSS_AGG_MODES,
     SAMPLER_CORRECTION_MODES,
 )
-from rloo.run.trackers import check_report_to
 
 if TYPE_CHECKING:  # annotations only: the config imports this module
     from rloo.config import RLOOConfig
@@ -56,6 +55,10 @@ LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")  # tra
 REWARD_ERROR_POLICIES = ("stop", "none")
 
 MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
+# report_to's names: every tracker accelerate 1.x supports, with the module that must be importable for it
+# (run/trackers.py starts them; the names are checked here, where every other config value is).
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow",
+                   "comet_ml": "comet_ml", "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab"}
 
 
 def require(ok: bool, message: str) -> None:
@@ -72,6 +75,7 @@ def validate(c: RLOOConfig) -> None:
     _check_algorithm(c)
     _check_run_and_outputs(c)
     _check_scale_out(c)
+    _check_sandbox(c)
 
 
 def _check_batch_sizes(c: RLOOConfig) -> None:
@@ -276,12 +280,30 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
             f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
     require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
     require(c.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {c.log_level!r}.")
+    require(c.reward_timeout is None or (isinstance(c.reward_timeout, (int, float)) and not isinstance(c.reward_timeout, bool)
+                                         and math.isfinite(c.reward_timeout) and c.reward_timeout > 0),
+            f"reward_timeout must be a positive number of seconds, or None to wait as long as a reward takes; got "
+            f"{c.reward_timeout!r}.")
+    require(c.ddp_timeout > 0, f"ddp_timeout must be > 0 seconds, got {c.ddp_timeout!r}.")
     require(c.reward_error_policy in REWARD_ERROR_POLICIES,
             f"reward_error_policy must be one of {REWARD_ERROR_POLICIES}, got {c.reward_error_policy!r}.")
     require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",
             f"output_dir must be a non-empty directory path, got {c.output_dir!r}.")
     require(not os.path.exists(c.output_dir) or os.path.isdir(c.output_dir),
             f"output_dir={c.output_dir!r} exists and is not a directory; give a directory path.")
+
+
+def check_report_to(report_to: Any) -> None:
+    """Raise ValueError naming `report_to` when it is not "none", "all", a known name or a list of them."""
+    names = [report_to] if isinstance(report_to, str) else report_to
+    if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
+        raise ValueError(f"report_to must be a string or a list of strings, got {report_to!r}.")
+    unknown = [name for name in names if name not in ("none", "all", *TRACKER_MODULES)]
+    if unknown:
+        raise ValueError(f"report_to names unknown trackers {unknown}; use 'none', 'all' or some of "
+                         f"{sorted(TRACKER_MODULES)}.")
+    if len(names) > 1 and "none" in names:
+        raise ValueError(f"report_to={report_to!r} mixes 'none' with trackers; give 'none' alone.")
 
 
 def exact_div(numerator: int, denominator: int, message: str) -> int:
@@ -366,3 +388,9 @@ def _valid_clip_range(value: Any) -> bool:
         return True
     return (isinstance(value, (tuple, list)) and len(value) == 2 and all(number(v) for v in value)
             and value[0] < value[1])
+
+
+def _check_sandbox(c: RLOOConfig) -> None:
+    layers = ("namespaces", "landlock", "pids_cgroup")  # rloo.rewards.isolation.LAYER_NAMES
+    unknown = sorted(set(c.sandbox_allow_missing or ()) - set(layers))
+    require(not unknown, f"sandbox_allow_missing names unknown layers {unknown}; the layers are {list(layers)}.")
