@@ -8,8 +8,8 @@
 #   bash scripts/gpu_lease.sh OUTDIR --long         # a second call if the lease has time left: 16,384 new tokens
 #
 # The first call installs the wheels and rloo (no index, no dependencies: the image's torch and transformers stay),
-# then runs, each under its own time limit: benchmarks/gpu_micro.py (the attribution, <= 150 s), the tests marked
-# `cuda` (<= 60 s), and benchmarks/gpu_check.py with the rest of the 480 s: the CUDA correctness checks, rloo at 512
+# then runs, each under its own time limit: benchmarks/gpu/gpu_micro.py (the attribution, <= 150 s), the tests marked
+# `cuda` (<= 60 s), and benchmarks/gpu/gpu_check.py with the rest of the 480 s: the CUDA correctness checks, rloo at 512
 # new tokens, then TRL 1.16 at rloo's settings, with continuous batching, with Liger, and at its defaults (one timed
 # step after one warm-up each; a section the budget cannot hold is recorded as skipped). OUTDIR receives at most 8
 # files: lease.log, install.log, cuda_tests.log, gpu_micro.json, gpu_micro.md, profile_training_micro_batch.txt,
@@ -60,14 +60,14 @@ cd "$here"
 if [ "$mode" = "--long" ]; then
     # 16,384 new tokens, 1 prompt x K = 8, one step, no warm-up; then 4,096 if time is left.
     budget=$(( $(left) - 25 ))
-    timeout -k 10 $(( budget + 15 )) python3 benchmarks/gpu_check.py $tiny --out "$out" --timed-steps 1 \
+    timeout -k 10 $(( budget + 15 )) python3 benchmarks/gpu/gpu_check.py $tiny --out "$out" --timed-steps 1 \
         --budget-s "$budget" --sections environment,speed_rloo_16384,speed_rloo_4096
     echo "gpu_lease: done in $(( $(date +%s) - start )) s"
     exit 0
 fi
 
 echo "== gpu_micro ($(left) s left)"
-timeout -k 10 150 python3 benchmarks/gpu_micro.py $tiny --out "$out" --budget-s 130
+timeout -k 10 150 python3 benchmarks/gpu/gpu_micro.py $tiny --out "$out" --budget-s 130
 
 echo "== tests marked cuda ($(left) s left)"
 timeout -k 5 60 python3 -m pytest -q -p no:cacheprovider -m cuda tests/algo/test_lm_head_precision.py \
@@ -78,6 +78,6 @@ budget=$(( $(left) - 25 ))
 echo "== gpu_check (${budget} s budget)"
 sections=environment,matmul_peak,tiled_head_fp32,tiled_head_bf16,sampler_same_draws,speed_rloo_512
 sections=$sections,speed_trl_ours_512,speed_trl_cb_512,speed_trl_liger_512,speed_trl_defaults_512
-timeout -k 10 $(( budget + 15 )) python3 benchmarks/gpu_check.py $tiny --out "$out" --timed-steps 1 \
+timeout -k 10 $(( budget + 15 )) python3 benchmarks/gpu/gpu_check.py $tiny --out "$out" --timed-steps 1 \
     --budget-s "$budget" --sections "$sections"
 echo "gpu_lease: done in $(( $(date +%s) - start )) s; files: $(ls "$out" | wc -l)"

@@ -12,7 +12,7 @@ import torch
 from rloo.algo import lm_head
 from rloo.algo.lm_head import head_compute_dtype, tile_rows, tiled_head_logprobs
 
-BF16_TOLERANCE = 2e-2  # relative error, as benchmarks/gpu_check.py judges bf16 paths
+BF16_TOLERANCE = 2e-2  # relative error, as benchmarks/gpu/gpu_check.py judges bf16 paths
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

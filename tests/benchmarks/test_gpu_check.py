@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: its dry run (--cpu-tiny) runs every section of the GPU check on CPU at tiny sizes, so
+"""benchmarks/gpu/gpu_check.py: its dry run (--cpu-tiny) runs every section of the GPU check on CPU at tiny sizes, so
 the script cannot rot between GPU leases; its checks can fail; its FLOP count by hand."""
 
 import argparse
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
-import gpu_check  # noqa: E402  (benchmarks/gpu_check.py)
+import gpu_check  # noqa: E402  (benchmarks/gpu/gpu_check.py)
 
 CORRECTNESS = [f"{check}_{precision}" for precision in ("fp32", "bf16")
                for check in ("tiled_head", "lean_activations", "shared_prefix")] + ["sampler_same_draws",
@@ -31,8 +31,8 @@ def plan():
 
 def test_dry_run_passes_every_check_and_times_every_run(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *sys.path])}
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-tiny", "--out", str(tmp_path)],
-                            env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "gpu_check.py"), "--cpu-tiny", "--out",
+                             str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     sections = data["sections"]

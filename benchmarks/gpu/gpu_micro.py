@@ -1,9 +1,9 @@
 """Where rloo's GPU step goes, one piece at a time (issue #46, item 1): attribution before and after each change.
 
-    python benchmarks/gpu_micro.py --out OUTDIR                 # on the GPU (scripts/gpu_lease.sh runs it), <= 4 min
-    python benchmarks/gpu_micro.py --cpu-tiny --out /tmp/micro  # the dry run (CI): every piece, tiny, on CPU
+    python benchmarks/gpu/gpu_micro.py --out OUTDIR                 # on the GPU (scripts/gpu_lease.sh runs it), <= 4 min
+    python benchmarks/gpu/gpu_micro.py --cpu-tiny --out /tmp/micro  # the dry run (CI): every piece, tiny, on CPU
 
-On the GPU check's random Qwen3-0.6B (benchmarks/gpu_check.py: 28 layers of 1024, a tied 151,936-word head) under
+On the GPU check's random Qwen3-0.6B (benchmarks/gpu/gpu_check.py: 28 layers of 1024, a tied 151,936-word head) under
 bf16 autocast, each piece is timed with CUDA events (median of its repeats after warm-ups) and reports the
 `torch.cuda.max_memory_allocated` above what was allocated when it started (its own peak):
 
@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_check  # noqa: E402  (benchmarks/gpu_check.py: the model, its config, the environment)
+import gpu_check  # noqa: E402  (benchmarks/gpu/gpu_check.py: the model, its config, the environment)
 
 SIZES = {  # rows, completion tokens, prompt tokens, decode rows, cached tokens, repeats, warm-ups, layers
     "cuda": dict(rows=16, completion=512, prompt=128, decode_rows=256, cached=384, repeats=5, warmups=2, layers=None),
