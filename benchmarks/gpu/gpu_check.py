@@ -120,7 +120,7 @@ class Plan:
     extra: dict = field(default_factory=dict)
     xl_prompts: int = 1  # speed_rloo_16384: prompts, new tokens, micro-batch (1 timed step, no warm-up)
     xl_completion_tokens: int = 16384
-    xl_micro_batch: int = 2
+    xl_micro_batch: int = 1  # one row of 16.5k tokens: its saved activations take tens of GB
 
 
 def gpu_plan(args) -> Plan:
