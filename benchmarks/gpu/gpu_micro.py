@@ -121,7 +121,8 @@ def head_piece(device: str, config: dict, sizes: dict) -> dict:
                 "reference_before_46": reference(False, old_rows, frozen),
                 "reference_new_bf16_weight": reference(True, new_rows, frozen.bfloat16())}
     results = {name: clock(device, run, sizes["repeats"], sizes["warmups"]) for name, run in variants.items()}
-    return {"tokens": tokens, "rows_before_46": old_rows, "rows_new": new_rows, **results}
+    return {"tokens": tokens, "rows_before_46": old_rows, "rows_new": new_rows,
+            "out_dtype_products": lm_head._OUT_DTYPE_PRODUCTS["cuda"] if device == "cuda" else None, **results}
 
 
 def micro_batch(config: dict, sizes: dict, device: str, seed: int = 0) -> dict:
@@ -219,6 +220,7 @@ def decode_piece(device: str, config: dict, sizes: dict, model: torch.nn.Module)
             entry["kv_cache_gb"] = sum(layer.keys.numel() * layer.keys.element_size() * 2
                                        for layer in cache.layers) / 1e9
             entry["key_dtype"] = str(cache.layers[0].keys.dtype).replace("torch.", "")
+            entry["step_kind"] = "eager" if type(step).__name__ == "function" else type(step).__name__  # after capture
         return entry
 
     try:

@@ -114,7 +114,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         policy = builders.load_policy(model, peft_config, args, quantization_config, self.processing_class)
         check_vocabulary(self.tokenizer, policy)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
-        reference = builders.reference_in_compute_dtype(builders.build_reference(policy, args), acc)
+        reference = sharding.reference_in_compute_dtype(builders.build_reference(policy, args), acc)
         self.schedule, self.num_rollouts, self.total_steps = builders.build_schedule(args, len(train_dataset),
                                                                                      acc.num_processes)
         self.model, self.optimizer, self.lr_scheduler = builders.prepare_for_training(acc, policy, optimizers, args,

@@ -29,5 +29,7 @@ def test_dry_run_times_every_piece(tmp_path):
             assert pieces[piece][name]["ms_median"] > 0, (piece, name)
     assert pieces["decode"]["eager_fp32_model"]["key_dtype"] == "float32"
     assert pieces["decode"]["static_bf16_copy"]["key_dtype"] == "bfloat16"
+    assert pieces["decode"]["static_bf16_copy"]["step_kind"] == "StaticStep"
+    assert pieces["decode"]["eager_bf16_copy"]["step_kind"] == "eager"
     assert pieces["profile"]["top"] and (tmp_path / "profile_training_micro_batch.txt").exists()
     assert "| head | new |" in (tmp_path / "gpu_micro.md").read_text()
