@@ -134,13 +134,14 @@ def settle_streamed_train_options(args: Any, train_dataset: Any) -> None:
     groups); it only sizes the loader `get_train_dataloader()` returns, the loop starts no workers."""
     if not is_streamed(train_dataset):
         return
-    accelerator_config = getattr(args, "accelerator_config", None)
-    if accelerator_config is not None:
-        if accelerator_config.dispatch_batches:
-            raise ValueError("Iterable datasets require `dispatch_batches=False`: a streamed train_dataset is read "
-                             "by every process. Remove `dispatch_batches` from accelerator_config or set it to False.")
-        accelerator_config.dispatch_batches = False
-    workers = getattr(args, "dataloader_num_workers", 0)
+    options = args.accelerator_config  # None, a mapping, or transformers' AcceleratorConfig (TRL's form)
+    dispatch = options.get("dispatch_batches") if isinstance(options, dict) else getattr(options, "dispatch_batches", None)
+    if dispatch:
+        raise ValueError("Iterable datasets require `dispatch_batches=False`: a streamed train_dataset is read "
+                         "by every process. Remove `dispatch_batches` from accelerator_config or set it to False.")
+    if options is not None:  # TRL sets it on the object
+        options.update(dispatch_batches=False) if isinstance(options, dict) else setattr(options, "dispatch_batches", False)
+    workers = args.dataloader_num_workers
     if workers:
         logger.warning("dataloader_num_workers=%d is set to 0 for a streamed train_dataset, as TRL does (workers "
                        "would split its groups; rloo's loop starts no workers in any case).", workers)
@@ -372,7 +373,7 @@ class TrainerAPI:
 def saves_final_model(args: Any) -> bool:
     """Whether train() writes the final model into output_dir: yes, unless TRL's save_strategy="no" was
     given (TRL's train() writes no weights then, and scripts call save_model); save_steps=0 alone keeps it."""
-    return getattr(args, "save_strategy", "steps") not in ("no", False)  # YAML reads a bare `no` as False
+    return args.save_strategy != "no"
 
 
 def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any,
