@@ -158,11 +158,13 @@ class RLOOConfig:
     "auto"): trim all the padding the micro-batch's rows share."""
 
     # --- sampling ---
-    max_prompt_length: int = 512
-    """Most tokens of a prompt (after the chat template); what happens to longer ones is truncate_prompts."""
+    max_prompt_length: int | None = None
+    """Most tokens of a prompt (after the chat template). None (the default, as TRL's RLOOConfig, which has no
+    such field): prompts are never truncated. Setting it opts in: what happens to longer prompts is
+    truncate_prompts."""
     truncate_prompts: str = "left"
-    """What to do with prompts longer than max_prompt_length: "left" truncates them from the left,
-    keeping their end, with one warning that counts them; "error" stops with the row and its length."""
+    """With max_prompt_length set, what to do with longer prompts: "left" truncates them from the left, keeping
+    their end, with one warning that counts them; "error" stops with the row and its length."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra arguments for the tokenizer's chat template when rendering conversational prompts,
     e.g. {"enable_thinking": false} for Qwen3."""
@@ -250,8 +252,8 @@ class RLOOConfig:
     """Weight of each reward function in the summed score, in the order given; None weighs all 1."""
     router_aux_loss_coef: float | None = None
     """For mixture-of-experts models (their config has output_router_logits): the router's load-balancing loss,
-    times this weight, joins the loss and is logged as aux_loss. None or 0 adds none (TRL's default None, which
-    TRL's trainer reads as 0.001: rloo adds it only when asked); dense models ignore it (TRL's name)."""
+    times this weight, joins the loss and is logged as aux_loss. None or 0 adds none (TRL reads its default None as
+    the model config's own coefficient: rloo adds it only when asked); dense models ignore it (TRL's name)."""
 
     # --- the reference model ---
     sync_ref_model: bool = False
@@ -501,10 +503,15 @@ class RLOOConfig:
         return self.num_iterations * self.num_mini_batches
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a dict (rloo_config.json, trackers, the model card), the Hub token hidden."""
+        """The fields as a dict (rloo_config.json, trackers, the model card, `rloo report`), the Hub token hidden and
+        a transformers AcceleratorConfig (rloo.RLOOConfig's form of accelerator_config) as the options it changes."""
         values = dataclasses.asdict(self)
         if values["hub_token"] is not None:
             values["hub_token"] = "<HUB_TOKEN>"
+        options = self.accelerator_config
+        if options is not None and not isinstance(options, dict):
+            defaults = vars(type(options)())
+            values["accelerator_config"] = {k: v for k, v in vars(options).items() if v != defaults.get(k)} or None
         return values
 
 

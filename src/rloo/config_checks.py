@@ -67,10 +67,10 @@ def validate(c: RLOOConfig) -> None:
 def _check_batch_sizes(c: RLOOConfig) -> None:
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_prompt_length",
                  "max_completion_length", "num_iterations", "num_mini_batches", "logging_steps",
-                 "num_completions_to_print", "ref_model_sync_steps"):
-        value = getattr(c, name)
-        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                f"{name} must be a positive integer, got {value!r}.")
+                 "num_completions_to_print", "ref_model_sync_steps", "per_device_eval_batch_size"):
+        value, unset = getattr(c, name), name in ("max_prompt_length", "per_device_eval_batch_size")  # None: unset
+        require((value is None and unset) or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+                f"{name} must be a positive integer{' or unset' if unset else ''}, got {value!r}.")
     for name, value, choices in (("advantage_estimator", c.advantage_estimator, algo.ADVANTAGE_ESTIMATORS),
                                  ("kl_penalty", c.kl_penalty, algo.KL_PENALTIES),
                                  ("kl_estimator", c.kl_estimator, algo.KL_ESTIMATORS),
@@ -306,8 +306,6 @@ def _check_trl_run_options(c: RLOOConfig) -> None:
     require(c.save_strategy == "steps" or c.save_steps == 0,
             f"save_strategy='no' writes no checkpoints, but save_steps={c.save_steps}; set save_steps=0 too "
             f"(TRL's RLOOConfig sets it for you), or use save_strategy='steps'.")
-    require(c.per_device_eval_batch_size is None or c.per_device_eval_batch_size >= 1,
-            f"per_device_eval_batch_size must be >= 1 or unset, got {c.per_device_eval_batch_size!r}.")
     require(c.dataloader_num_workers >= 0, f"dataloader_num_workers must be >= 0, got {c.dataloader_num_workers!r}.")
     require(c.pad_to_multiple_of in ("auto", None) or (isinstance(c.pad_to_multiple_of, int) and c.pad_to_multiple_of > 0),
             f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {c.pad_to_multiple_of!r}.")
