@@ -44,9 +44,9 @@ def run(cache_dir: str, use_async: bool, seed: int, steps: int, eval_prompts: in
                             async_rollouts=use_async, max_staleness=max_staleness if use_async else 1)
         trainer = RLOOTrainer(model, exact_match_reward, args=config, train_dataset=train, processing_class=tokenizer)
         if use_async:
-            import rloo.trainer
+            import rloo.rollout.async_rollouts
 
-            rloo.trainer.AsyncRollouts = functools.partial(AsyncRollouts, worker=WORKER)
+            rloo.rollout.async_rollouts.AsyncRollouts = functools.partial(AsyncRollouts, worker=WORKER)
         began = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - began

@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "trl_suite"))
 
-from standins import build_hub_cache  # noqa: E402
+from hub_cache import build_hub_cache  # noqa: E402
 
 TRL_IMPORT = "from trl import RLOOConfig, RLOOTrainer"
 RLOO_IMPORT = "from rloo import RLOOConfig, RLOOTrainer"

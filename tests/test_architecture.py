@@ -1,4 +1,5 @@
-"""The package's import graph: no loops, and the core never imports the TRL compatibility layer.
+"""The package's import graph: no loops, no import from a lower floor up to a higher one, algo/ imports only
+torch, and the core never imports the TRL compatibility layer.
 
 Every `import` in src/rloo counts, including the ones inside functions (a lazy import is still a
 dependency). `from pkg import name` is an edge to `pkg.name` when that is a module, else to `pkg`.
@@ -102,6 +103,65 @@ def test_no_import_loops():
     assert not unexpected, f"import loops: {unexpected}"
 
 
+# The floors of the house, lowest first: a package or root module imports only from its own floor or the floors
+# below. docs/architecture.md draws them; a new package must be given a floor here.
+FLOORS = (
+    # no rloo imports (algo: the math, torch only; field_types: the type rule of the config's fields)
+    ("foundations", {"algo", "_version", "safe_text", "event_loop", "field_types"}),
+    ("the config", {"config", "config_checks"}),
+    ("inputs", {"data", "tools", "passes", "distributed", "model_loading"}),  # datasets, tools, model passes, devices
+    ("samplers and rewards", {"generation", "rewards"}),
+    ("the rollout", {"rollout"}),                                # step 1 and 2: sample and score a rollout
+    ("the run's records", {"run"}),                              # checkpoints, metrics, trackers, reports, Trainer API
+    ("the loop", {"builders", "update", "evaluation", "trainer"}),
+    ("front doors", {"rloo", "compat", "cli", "toy", "assets"}),  # the public door, TRL names, CLI, demos, assets
+)
+# Modules that only the standard library and torch may be imported by (beyond their own package).
+PURE_MATH = "rloo.algo"
+
+
+def floor_of(module):
+    """The floor of a module: its top-level package under rloo (or its root module's name)."""
+    unit = module.split(".")[1] if "." in module else module
+    for number, (_, units) in enumerate(FLOORS):
+        if unit in units:
+            return number
+    raise AssertionError(f"{module} is on no floor: add `{unit}` to FLOORS in tests/test_architecture.py")
+
+
+def test_every_package_is_on_one_floor():
+    units = [unit for _, floor in FLOORS for unit in floor]
+    assert len(units) == len(set(units)), "a package is on two floors"
+    for module in import_graph():
+        floor_of(module)
+
+
+def test_no_import_from_a_lower_floor_up_to_a_higher_one():
+    graph = import_graph()
+    upward = sorted(f"{name} ({FLOORS[floor_of(name)][0]}) imports {target} ({FLOORS[floor_of(target)][0]})"
+                    for name, targets in graph.items() for target in targets if floor_of(target) > floor_of(name))
+    assert not upward, "imports up the floors:\n" + "\n".join(upward)
+
+
+def test_algo_imports_only_torch():
+    """algo/ is the math: torch, the standard library and algo itself, nothing of the models, data or the run
+    (every import counts here, annotation-only ones too)."""
+    import sys
+
+    outside = []
+    for path in sorted((SRC / "rloo" / "algo").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module]
+            else:
+                continue  # a relative import stays inside algo/
+            outside += [f"{path.name}: {name}" for name in names if not (
+                name == "torch" or name.startswith(("torch.", PURE_MATH + ".")) or name.split(".")[0] in sys.stdlib_module_names)]
+    assert not outside, f"algo/ imports more than torch: {outside}"
+
+
 def test_the_core_does_not_import_the_trl_layer():
     graph = import_graph()
     edges = {(name, target) for name, targets in graph.items() for target in targets
@@ -109,7 +169,9 @@ def test_the_core_does_not_import_the_trl_layer():
     assert edges <= KNOWN_CORE_TO_COMPAT, f"core modules importing rloo.compat: {sorted(edges - KNOWN_CORE_TO_COMPAT)}"
 
 
-ROOT_MODULES = {"__init__", "_version", "config", "config_checks", "trainer", "update", "builders", "model_loading"}
+# The loop (trainer, update, evaluation), its contracts (config), what builds its parts, and the leaf helpers.
+ROOT_MODULES = {"__init__", "_version", "config", "config_checks", "trainer", "update", "evaluation", "builders", "model_loading",
+                "safe_text", "event_loop", "field_types"}
 # Files over the line limit that are field documentation: the config's fields, and TRL's field table.
 FIELD_DOCS = {"config.py", "compat/config_fields.py"}
 MAX_FUNCTION_LINES, MAX_FILE_LINES = 60, 400
@@ -132,6 +194,18 @@ def test_no_function_over_60_lines_and_no_file_over_400():
                 if length > MAX_FUNCTION_LINES:
                     too_long.append(f"{name}: {node.name} {length} lines")
     assert not too_long, too_long
+
+
+# ------------------------------------------------------------------ the seams (issue #45)
+
+ROLLOUT_SOURCE_KINDS = {"rloo.rollout.dynamic_sampling", "rloo.rollout.async_rollouts"}
+
+
+def test_the_trainer_reaches_the_rollout_source_kinds_only_through_the_factory():
+    """The trainer holds one `rollout.sources.RolloutSource`; which kind it is, is decided in `rollout_source`."""
+    graph = import_graph()
+    assert "rloo.rollout.sources" in graph["rloo.trainer"]
+    assert not graph["rloo.trainer"] & ROLLOUT_SOURCE_KINDS, sorted(graph["rloo.trainer"] & ROLLOUT_SOURCE_KINDS)
 
 
 # --- One config: the core reads only the fields of rloo.config.RLOOConfig (issue #45) ---

@@ -229,6 +229,32 @@ def _(tmp_path):
     return reward_error("length_penalty:4")
 
 
+def sandbox_error(layers: dict[str, bool]) -> str:
+    """run_tests's refusal on a machine with only `layers` (simulated), nothing accepted by name."""
+    import os
+    from unittest import mock
+
+    from rloo.rewards import isolation
+    from rloo.rewards.sandbox import run_tests
+
+    names = (isolation.ALLOW_UNISOLATED_ENV, isolation.ALLOW_MISSING_ENV, isolation.DISABLE_ENV)
+    with mock.patch.object(isolation, "isolation_layers", lambda: layers), \
+            mock.patch.object(isolation, "probe_namespaces", lambda: (None, "unshare: Operation not permitted")), \
+            mock.patch.object(isolation, "_allowed_missing", frozenset()), \
+            mock.patch.dict(os.environ, {name: "" for name in names}):
+        return raised(lambda: run_tests("x = 1", ["assert x == 1"]))
+
+
+@case("sandbox_without_namespaces")
+def _(tmp_path):
+    return sandbox_error({"namespaces": False, "landlock": True, "pids_cgroup": True})
+
+
+@case("sandbox_without_any_layer")
+def _(tmp_path):
+    return sandbox_error({"namespaces": False, "landlock": False, "pids_cgroup": False})
+
+
 def load_error(name: str, split: str = "train") -> str:
     from rloo.data.loading import load_prompt_dataset
 

@@ -5,6 +5,7 @@ schedule, run length and the default sampler. Each builder takes the config and 
 from __future__ import annotations
 
 import copy
+import datetime
 import inspect
 import math
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ from rloo.generation.fast import refuse_3d_positions
 from rloo.generation.options import sampler_options
 from rloo.passes import mrope
 from rloo.passes.lean_activations import lean_activations
+from rloo.rewards import isolation
 from rloo.rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
 from rloo.rollout.multi_turn import MultiTurnRollout, environment_reward_function
 from rloo.run.trackers import accelerate_log_with
@@ -61,8 +63,18 @@ def _accelerator(args: RLOOConfig) -> Accelerator:
         # Where an optimizer step ends: DeepSpeed reads its accumulation from here, and
         # `update.Learner` sets `sync_gradients` per micro-batch.
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        kwargs_handlers=deepspeed_setup.process_group_kwargs(args),  # DeepSpeed on CPU processes: gloo
+        kwargs_handlers=_process_group_kwargs(args),
     )
+
+
+def _process_group_kwargs(args: RLOOConfig) -> list:
+    """The process group's set-up: DeepSpeed's backend on CPU processes, and every collective's deadline."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    handlers = deepspeed_setup.process_group_kwargs(args) or [InitProcessGroupKwargs()]
+    for handler in handlers:
+        handler.timeout = datetime.timedelta(seconds=args.ddp_timeout)
+    return handlers
 
 
 def use_bf16(args: RLOOConfig) -> bool:
@@ -192,6 +204,21 @@ def build_reference(policy: torch.nn.Module, args: RLOOConfig) -> torch.nn.Modul
     return None
 
 
+def reference_in_compute_dtype(reference: torch.nn.Module | None, accelerator: Any) -> torch.nn.Module | None:
+    """The frozen reference with its parameters in bf16 when the run is bf16 autocast on one CUDA device or plain
+    data parallel (issue #46): it is only read, under autocast its products are bf16 anyway, and each no-grad pass
+    then casts nothing (half the memory, no per-call casts). Buffers (rotary inv_freq) keep their type; FSDP2 and
+    DeepSpeed shard the reference as they shard the policy, so it is left as it is there, and on CPU."""
+    from accelerate.utils import DistributedType
+
+    if (reference is None or accelerator.device.type != "cuda" or accelerator.mixed_precision != "bf16"
+            or accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU)):
+        return reference
+    for parameter in reference.parameters():
+        parameter.data = parameter.data.to(torch.bfloat16)
+    return reference
+
+
 def build_optimizer(model: torch.nn.Module, args: RLOOConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     # Decay matrices only; biases and norm weights are not decayed.
@@ -289,6 +316,8 @@ def build_rewards(args: RLOOConfig, reward_funcs: Any, reward_processing_classes
     With environments, each environment class with a `get_reward` adds a reward function named after it,
     weight 1, after the given ones (as TRL does), and reward functions may ask for `environments`. With a
     rollout_func, whose extra fields are known only once it runs, the arguments are not checked up front."""
+    isolation.check_for_run(reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs],
+                            args.sandbox_allow_missing)  # a code reward on a machine that cannot isolate it: refused now
     functions = build_reward_functions(reward_funcs or [], reward_processing_classes, device,
                                        model_loading.model_init_kwargs(args))
     available = set(TRAINER_ARGUMENTS) | (set(column_names) - {"prompt"})

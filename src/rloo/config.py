@@ -473,6 +473,27 @@ class RLOOConfig:
     the function, step and sample; the last checkpoint is kept) or "none" (the completions it raised on
     are scored None by that function, a warning names the count, and `rewards/<name>/errors` logs it)."""
 
+    # --- code sandbox (rloo.rewards.isolation; issue #51) ---
+    sandbox_allow_missing: list[str] | None = None
+    """Code sandbox layers ("namespaces", "landlock", "pids_cgroup") the run accepts running without where this
+    machine cannot set them up. By default it fails closed: when the namespaces layer cannot start, a run with a
+    code reward (code_execution) is refused at start with the reason and the fix; ["namespaces"] runs it with
+    the weaker layers left (docs/rewards.md's table says what each combination stops). The environment variable
+    RLOO_SANDBOX_ALLOW_MISSING=namespaces does the same."""
+
+    # --- fault deadlines (issue #48; docs/errors.md, "Faults") ---
+    reward_timeout: float | None = None
+    """Seconds one reward function may take on one batch before the run treats it as hung. None (the default)
+    waits as long as it takes, as TRL does (TRL has no such deadline). A hung call is abandoned (a plain function's
+    thread cannot be stopped and finishes in the background) and handled by reward_error_policy: "stop" ends the
+    run with a RewardError naming the function, step and batch size; "none" scores that function None on the
+    whole batch and counts it in `rewards/<name>/errors`."""
+    ddp_timeout: float = 300.0
+    """Seconds a process waits in a collective (all-reduce, barrier) for the others before raising, so that when one
+    process of a distributed run dies or stalls the others end instead of waiting (TRL's / transformers' name;
+    their default is 1800, half an hour; rloo's is 5 minutes). Raise it when one process legitimately works alone
+    longer, e.g. saving a large checkpoint to slow storage."""
+
     def __post_init__(self) -> None:
         validate(self)
 

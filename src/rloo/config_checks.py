@@ -1,8 +1,8 @@
 """Checks of an RLOOConfig, run at construction: every message names the field and the fix.
 
 `validate` runs them in groups (batch sizes, optimizer, generation, algorithm, run and outputs,
-scale-out); `check_field_types` is the type rule (text is parsed only when it comes from a
-command-line flag; quoted YAML text is refused as in Python).
+scale-out); `check_field_types` applies the type rule of field_types.py (text is parsed only when it comes
+from a command-line flag; quoted YAML text is refused as in Python).
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import importlib.util
 import logging
 import math
 import os
-import types
-import typing
 from typing import TYPE_CHECKING, Any
 
 from rloo.algo import choices as algo
-from rloo.run.trackers import check_report_to
+from rloo.field_types import field_type_problem
 
 if TYPE_CHECKING:  # annotations only: the config imports this module
     from rloo.config import RLOOConfig
@@ -45,6 +43,10 @@ GENERATION_KWARGS = {"temperature": "temperature", "top_p": "top_p", "top_k": "t
                      "max_new_tokens": "max_completion_length", "stop_strings": "stop_strings"}
 ENGINE_OWNED = ("eos_token_id", "pad_token_id", "num_return_sequences", "max_length", "n", "max_tokens")
 DATALOADER_OPTIONS = ("dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking")
+# report_to's names: every tracker accelerate 1.x supports, with the module that must be importable for it
+# (run/trackers.py starts them; the names are checked here, where every other config value is).
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow",
+                   "comet_ml": "comet_ml", "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab"}
 
 
 def require(ok: bool, message: str) -> None:
@@ -62,6 +64,7 @@ def validate(c: RLOOConfig) -> None:
     _check_algorithm(c)
     _check_run_and_outputs(c)
     _check_scale_out(c)
+    _check_sandbox(c)
 
 
 def _check_batch_sizes(c: RLOOConfig) -> None:
@@ -290,6 +293,11 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
     require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
     require(c.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {c.log_level!r}.")
     _check_trl_run_options(c)
+    require(c.reward_timeout is None or (isinstance(c.reward_timeout, (int, float)) and not isinstance(c.reward_timeout, bool)
+                                         and math.isfinite(c.reward_timeout) and c.reward_timeout > 0),
+            f"reward_timeout must be a positive number of seconds, or None to wait as long as a reward takes; got "
+            f"{c.reward_timeout!r}.")
+    require(c.ddp_timeout > 0, f"ddp_timeout must be > 0 seconds, got {c.ddp_timeout!r}.")
     require(c.reward_error_policy in REWARD_ERROR_POLICIES,
             f"reward_error_policy must be one of {REWARD_ERROR_POLICIES}, got {c.reward_error_policy!r}.")
     require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",
@@ -317,50 +325,29 @@ def _check_trl_run_options(c: RLOOConfig) -> None:
                         f"are accepted (rloo has no DataLoader for them to change).")
 
 
+def check_report_to(report_to: Any) -> None:
+    """Raise ValueError naming `report_to` when it is not "none", "all", a known name or a list of them."""
+    names = [report_to] if isinstance(report_to, str) else report_to
+    if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
+        raise ValueError(f"report_to must be a string or a list of strings, got {report_to!r}.")
+    unknown = [name for name in names if name not in ("none", "all", *TRACKER_MODULES)]
+    if unknown:
+        raise ValueError(f"report_to names unknown trackers {unknown}; use 'none', 'all' or some of "
+                         f"{sorted(TRACKER_MODULES)}.")
+    if len(names) > 1 and "none" in names:
+        raise ValueError(f"report_to={report_to!r} mixes 'none' with trackers; give 'none' alone.")
+
+
 def exact_div(numerator: int, denominator: int, message: str) -> int:
     if denominator <= 0 or numerator % denominator != 0:
         raise ConfigError(message)
     return numerator // denominator
 
 
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether value has the field type `hint` (bool is not a number; an int is a float)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if origin in (list, dict, tuple):  # containers have their own checks with their own messages in _validate
-        return True
-    return isinstance(value, hint)
-
-
 def check_field_types(config: Any) -> None:
-    """Every field holds a value of its annotated type, and every float is finite.
-
-    A string such as "false" or "1e-5" is refused here (Python treats "false" as true), from Python
-    and from YAML alike (`bf16: 'false'`); the CLI parses its flags' text into each field's type.
-    """
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        value, hint = getattr(config, f.name), hints[f.name]
-        if not _matches(value, hint):
-            type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-            raise ConfigError(f"{f.name} must be of type {type_name}, got {value!r} "
-                              f"({type(value).__name__}); e.g. {f.name}={f.default!r}. (Pass the value itself, not "
-                              f"text: in YAML write it unquoted, e.g. `bf16: false`.)")
-        numbers = value if isinstance(value, (list, tuple)) else [value]
-        for number in numbers:
-            if isinstance(number, float) and not math.isfinite(number):
-                raise ConfigError(f"{f.name} must be a finite number, got {value!r}.")
+    """Every field of `config` holds a value of its annotated type and every float is finite (field_types.py)."""
+    problem = field_type_problem(config)
+    require(problem is None, problem or "")
 
 
 def _check_scale_out(c: RLOOConfig) -> None:
@@ -396,3 +383,9 @@ def _valid_clip_range(value: Any) -> bool:
         return True
     return (isinstance(value, (tuple, list)) and len(value) == 2 and all(number(v) for v in value)
             and value[0] < value[1])
+
+
+def _check_sandbox(c: RLOOConfig) -> None:
+    layers = ("namespaces", "landlock", "pids_cgroup")  # rloo.rewards.isolation.LAYER_NAMES
+    unknown = sorted(set(c.sandbox_allow_missing or ()) - set(layers))
+    require(not unknown, f"sandbox_allow_missing names unknown layers {unknown}; the layers are {list(layers)}.")

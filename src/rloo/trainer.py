@@ -30,22 +30,21 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from rloo import builders
+from rloo import builders, evaluation, safe_text
 from rloo.config import ConfigError, RLOOConfig
+from rloo.data.dataset_rows import named_eval_sets, train_rows
 from rloo.data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
 from rloo.data.schedule import PromptSchedule, select_rows
 from rloo.distributed import sharding
 from rloo.generation.base import Sampler
 from rloo.passes import reference_sync
 from rloo.rollout import Rollout, RolloutCollector, Samples
-from rloo.rollout.async_rollouts import AsyncRollouts
-from rloo.rollout.dynamic_sampling import DynamicSampler, zero_spread_message
-from rloo.run import checkpoint, evaluation, report, trainer_api
+from rloo.rollout.sources import rollout_source, zero_spread_message
+from rloo.run import checkpoint, report, trainer_api
 from rloo.run.allocator import empty_device_cache_every, return_large_buffers_to_os
 from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, log_due, rollout_metrics, with_trl_names
 from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, resume_hint, truncate_history
 from rloo.run.run_lock import lock_output_dir
-from rloo.run.safe_text import visible
 from rloo.run.verbosity import set_library_verbosity
 from rloo.update import Learner, mini_batches
 
@@ -105,13 +104,13 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
         self.processing_class, self.tokenizer = builders.load_processing_class(processing_class, model, train_dataset, args)
-        train_dataset = trainer_api.train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
+        train_dataset = train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
         self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
 
         policy = builders.load_policy(model, peft_config, args, quantization_config, self.processing_class)
         check_vocabulary(self.tokenizer, policy)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
-        reference = builders.build_reference(policy, args)
+        reference = builders.reference_in_compute_dtype(builders.build_reference(policy, args), acc)
         self.schedule = PromptSchedule(num_rows=len(train_dataset), prompts_per_process=args.prompts_per_rollout,
                                        num_processes=acc.num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
         self.num_rollouts, self.total_steps = builders.run_length(args, self.schedule, acc.num_processes)
@@ -128,8 +127,8 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                                           self.reward_functions, self.reward_weights, multi_turn=self.multi_turn,
                                           images=builders.image_encoder(self, self.processing_class, policy))  # data.images
         self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
-        self.dynamic_sampler = DynamicSampler(args, acc, self.collector, train_dataset, self.tokenizer.pad_token_id)
-        self.async_rollouts: AsyncRollouts | None = None  # the sampler running ahead, started by train()
+        # plain, dynamic_sampling or async_rollouts (`rollout.sources`): chosen here, once
+        self.rollouts = rollout_source(args, acc, self.collector, train_dataset, self._rows, self.num_rollouts)
         self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
         self.global_step, self.episode = 0, 0
         self._evaluated_at, self._last_eval, self._reported_zero_spread, self._claimed_output_dir = -1, {}, False, False
@@ -148,7 +147,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
     def _check_prompts(self, train_dataset: Any, eval_dataset: Any) -> None:
         """Every dataset has usable prompts of an acceptable length (eval_dataset may be a dict)."""
         args = self.args
-        eval_sets = trainer_api.named_eval_sets(eval_dataset) if eval_dataset is not None else []
+        eval_sets = named_eval_sets(eval_dataset) if eval_dataset is not None else []
         for dataset, name in ((train_dataset, "train_dataset"),
                               *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
             if dataset is not None:
@@ -179,16 +178,11 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         the current rollout's optimizer steps with a checkpoint (`self.stopped_by` names the signal).
         """
         with StopSignals() as self._signals:
-            if self.args.async_rollouts:
-                self.async_rollouts = AsyncRollouts(self.collector, self.args.async_rollout_timeout,
-                                                    self.args.max_staleness)
+            self.rollouts.start()  # async_rollouts' sampler starts here, on a copy of the current weights
             try:
                 return self._train(resume_from_checkpoint)
             finally:
-                if self.async_rollouts is not None:
-                    self.async_rollouts.discard()
-                    self.async_rollouts.close()
-                    self.async_rollouts = None
+                self.rollouts.close()
 
     def _train(self, resume_from_checkpoint: str | bool | None) -> trainer_api.TrainOutput:
         # The whole loop in one function (~60 lines), on purpose: it is the part a reader came for.
@@ -203,7 +197,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         window_start, window_episodes = time.perf_counter(), 0
 
         for rollout_index in range(start_rollout, self.num_rollouts):
-            rollout, samples, refill_stats = self._collect_rollout(self._rows(rollout_index), rollout_index)  # steps 1-4
+            rollout, samples, source_stats = self._collect_rollout(rollout_index)  # steps 1-4
             rollout_stats = rollout_metrics(rollout, acc, args.num_generations,
                                             [fn.name for fn in self.reward_functions])
             self._report_zero_spread(rollout_stats)
@@ -219,7 +213,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                 self._sync_reference()
                 self.callback_handler.advance(self.global_step, self.epoch, self.episode)
                 control = self.callback_handler.event("on_step_end")
-                window.add({**rollout_stats, **refill_stats, **samples.metrics, **step_stats})
+                window.add({**rollout_stats, **source_stats, **samples.metrics, **step_stats})
                 progress.update(1)
                 progress.set_postfix(reward=f"{rollout_stats['reward']:.3f}")
 
@@ -306,7 +300,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         state = checkpoint.load_checkpoint(acc, self.model, path, args)
         self.global_step, self.episode = state["global_step"], state["episode"]
         if acc.is_main_process:
-            tqdm.write(visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
+            tqdm.write(safe_text.visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
         self.run_id = state.get("run_id") or self.run_id
         if acc.is_main_process:
             truncate_history(args.output_dir, self.global_step)
@@ -329,24 +323,18 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                                               rollout_index, self.episode, self.run_id)
         self.stopped_by = signal_name or "a signal on another process"
         if self.accelerator.is_main_process:
-            tqdm.write(visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
+            tqdm.write(safe_text.visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
                                f"checkpoint saved to {path}. {resume_hint(args)}"))
 
     def _rows(self, rollout_index: int) -> list[dict[str, Any]]:
         """This process's dataset rows of rollout `rollout_index`."""
         return select_rows(self.train_dataset, self.schedule.rows(rollout_index, self.accelerator.process_index))
 
-    def _collect_rollout(self, rows: list[dict[str, Any]], rollout_index: int
-                         ) -> tuple[Rollout, Samples, dict[str, float]]:
-        """Steps 1-4, with dynamic sampling's extra rounds when it is on (and its metrics). Its seconds join
+    def _collect_rollout(self, rollout_index: int) -> tuple[Rollout, Samples, dict[str, float]]:
+        """Steps 1-4 from the rollout source, with its metrics (dynamic_sampling/*, async/*). Its seconds join
         the next optimizer step's step_time, as TRL counts generation in the step that triggers it."""
         with self.learner.timed_wait():
-            if self.async_rollouts is not None:  # the sampler, up to max_staleness rollouts ahead
-                return self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
-                                                self.num_rollouts)
-            if not self.args.dynamic_sampling:
-                return *self.collector.collect(rows, self.global_step, self.episode), {}
-            return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)
+            return self.rollouts.next(rollout_index, self.global_step, self.episode)
 
     def _log(self, window: dict[str, float], eps: float, samples: Samples, rollout: Rollout) -> dict[str, float]:
         metrics = with_trl_names({
@@ -375,7 +363,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             raise ConfigError("evaluate() needs an eval_dataset.")
         num_generations = self.args.num_generations_eval or self.args.num_generations
         metrics, self.eval_samples = {}, []  # eval_samples: every scored sample, a row each (evaluation.sample_rows)
-        for name, dataset in trainer_api.named_eval_sets(eval_dataset):
+        for name, dataset in named_eval_sets(eval_dataset):
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
             figures = evaluation.evaluate(self.collector, dataset, [fn.name for fn in self.reward_functions],
                                           num_generations, self._eval_prompts_per_batch(num_generations),

@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+from sandbox_helpers import processes_with
 
 from rloo.rewards.isolation import isolation_layers
 from rloo.rewards.sandbox import run_tests
@@ -29,17 +30,6 @@ TESTS = ["assert f(3) == 9", "assert f(4) == 16"]
 def hostile(probe: str) -> str:
     """`probe` run at import time with every error swallowed, then the honest function."""
     return "try:\n" + "".join(f"    {line}\n" for line in probe.splitlines()) + "except BaseException:\n    pass\n" + HONEST
-
-
-def _processes_with(token: str) -> list[int]:
-    """Pids (as the host sees them) whose command line holds `token`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            found += [int(pid)] if token.encode() in open(f"/proc/{pid}/cmdline", "rb").read() else []
-        except OSError:
-            pass
-    return found
 
 
 def _sleep_token() -> str:
@@ -157,7 +147,7 @@ def _watch(token: str, run: Background, look, readings: int | None = None):
     for _ in range(3000):
         if not run.running() or (readings and sum(found is not None for found in seen) >= readings):
             break
-        seen.append(look(_processes_with(token)))
+        seen.append(look(processes_with(token)))
         time.sleep(0.02)
     return seen
 
@@ -177,7 +167,7 @@ def test_the_program_runs_as_an_unprivileged_user_of_the_host():
         return None
 
     seen = [found for found in _watch(token, run, identity, readings=2) if found]
-    for pid in _processes_with(token):  # seen: end the run now rather than at its timeout
+    for pid in processes_with(token):  # seen: end the run now rather than at its timeout
         os.kill(pid, 9)
     run.join()
     assert seen, "the program's process was never seen"
@@ -196,7 +186,7 @@ def test_a_fork_bomb_is_bounded_and_nothing_survives():
     run = Background(code, ["assert bomb() == -1"], timeout_s=15, max_processes=8)
     counts = _watch(token, run, len)
     result = run.join()
-    left = _processes_with(token)
+    left = processes_with(token)
     for pid in left:  # clean up before failing
         os.kill(pid, 9)
     assert counts and max(counts) >= 1, result.output  # the bomb went off
@@ -226,7 +216,7 @@ def test_the_total_disk_a_program_fills_is_bounded():
         return None
 
     seen = [used for used in _watch(token, run, disk_use, readings=3) if used is not None]  # it sleeps once done
-    for pid in _processes_with(token):
+    for pid in processes_with(token):
         os.kill(pid, 9)
     run.join()
     assert seen, "the program's process was never seen"
@@ -241,7 +231,7 @@ def test_a_program_that_ignores_sigterm_and_its_escaped_child_are_killed_at_the_
     run = Background(code, timeout_s=3)
     seen = _watch(token, run, len)
     result = run.join()
-    left = _processes_with(token)
+    left = processes_with(token)
     for pid in left:
         os.kill(pid, 9)
     assert result.timed_out and max(seen, default=0) == 2  # both started, both outlived the timeout...
@@ -262,7 +252,7 @@ def test_the_number_of_files_a_program_creates_is_bounded():
         return None
 
     seen = [found for found in _watch(token, run, count, readings=3) if found is not None]
-    for pid in _processes_with(token):
+    for pid in processes_with(token):
         os.kill(pid, 9)
     run.join()
     assert seen and 100 <= max(seen) <= 300, seen  # the tmpfs's inode limit, not the program's loop, stopped it

@@ -186,16 +186,16 @@ def test_every_tool_failure_becomes_an_error_message():
     _, nameless = parse_tool_calls('<tool_call>{"arguments": {"a": 1}}</tool_call>')
     _, unclosed = parse_tool_calls('<tool_call>{"name": "add"')
     calls = [ToolCall("boom", {"x": 1}), ToolCall("nope", {}), ToolCall("add", {"a": 1, "c": 2}), *malformed, *nameless,
-             *unclosed, ToolCall("slow", {"x": 1}), ToolCall("add", {"a": 1, "b": 2})]
+             *unclosed, ToolCall("add", {"a": 1, "b": 2}), ToolCall("slow", {"x": 1})]
     results = run_tool_calls([calls], [{"boom": boom, "slow": slow, "add": add}], timeout=0.2)[0]
-    assert [r.failed for r in results] == [True] * 7 + [False]
-    errors = [json.loads(r.content)["error"] for r in results[:7]]
+    assert [r.failed for r in results] == [True] * 6 + [False, True]
+    errors = [json.loads(r.content)["error"] for r in results[:6] + results[7:]]
     assert "RuntimeError: kaput" in errors[0]
     assert "unknown tool 'nope'" in errors[1] and "add" in errors[1]
     assert "TypeError" in errors[2]
     assert "not valid JSON" in errors[3] and 'no "name"' in errors[4] and "not closed" in errors[5]
     assert "did not return within 0.2 s" in errors[6]
-    assert results[7].content == "3"
+    assert results[6].content == "3"
 
 
 def test_async_tools_of_different_trajectories_run_concurrently():
@@ -654,7 +654,7 @@ def test_async_rollouts_with_an_environment_run_the_sampler_s_own_environments(t
 
     from rloo.rollout.async_rollouts import AsyncRollouts
 
-    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    monkeypatch.setattr("rloo.rollout.async_rollouts.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
     monkeypatch.setattr(WhereRun, "record_to", str(tmp_path / "resets.jsonl"))
 
     def script(text, row):

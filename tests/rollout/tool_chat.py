@@ -1,9 +1,9 @@
 """A character tokenizer and chat templates that speak Hermes-style tool calls, for the multi-turn tests.
 
 The tokenizer is the toy tool task's (`rloo.toy.tool_task.build_tool_tokenizer`: the character tokenizer
-plus braces, and `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>` as single tokens). `HERMES` renders tools,
-tool calls and tool results the way Qwen's templates do (`<eos>` ends every message, like
-`<|im_end|>`); `THINK_DROPPING` is the same but renders every assistant turn but the last without
+plus braces, and `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>` as single tokens). `HERMES` is the toy's own
+template (`TOOL_CHAT_TEMPLATE`): it renders tools, tool calls and tool results the way Qwen's templates do (`<eos>`
+ends every message, like `<|im_end|>`); `THINK_DROPPING` is the same but renders every assistant turn but the last without
 its `<think>...</think>` block, as Qwen3's template does: re-rendering a conversation with it gives
 other ids than the ones sampled.
 """
@@ -13,23 +13,10 @@ from __future__ import annotations
 import transformers
 
 from rloo.generation.base import SampledBatch, batch_from_token_lists
-from rloo.toy.tool_task import build_tool_tokenizer
+from rloo.toy.tool_task import TOOL_CHAT_TEMPLATE, build_tool_tokenizer, tool_chat_template
 
-_MESSAGES = (
-    "{%- if tools %}{{ 'system: tools ' }}{% for t in tools %}{{ t.function.name + ' ' }}{% endfor %}{{ '<eos>\\n' }}"
-    "{% endif %}"
-    "{%- for m in messages %}"
-    "{%- if m.role == 'assistant' %}{{ 'assistant: ' + CONTENT }}"
-    "{%- for c in m.tool_calls or [] %}{{ '<tool_call>' }}"
-    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}{{ '</tool_call>' }}{% endfor %}"
-    "{{ '<eos>\\n' }}"
-    "{%- elif m.role == 'tool' %}{{ 'tool: <tool_response>' + m.content + '</tool_response><eos>\\n' }}"
-    "{%- else %}{{ m.role + ': ' + m.content + '<eos>\\n' }}{% endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
-)
-HERMES = _MESSAGES.replace("CONTENT", "m.content")
-THINK_DROPPING = _MESSAGES.replace("CONTENT", "(m.content if loop.last else m.content.split('</think>')[-1])")
+HERMES = TOOL_CHAT_TEMPLATE
+THINK_DROPPING = tool_chat_template("(m.content if loop.last else m.content.split('</think>')[-1])")
 
 
 def tool_tokenizer(template: str = HERMES) -> transformers.PreTrainedTokenizerFast:

@@ -65,7 +65,7 @@ def test_kept_rows_of_several_rounds_carry_their_own_prompts_images(tmp_path, fa
     trainer = RLOOTrainer(standin_vlms.model(family), _half_constant, args=args, train_dataset=dataset,
                           processing_class=standin_vlms.processor(family))
     rows = [dataset[i] for i in range(3)]
-    rollout, samples, stats = trainer.dynamic_sampler.collect(rows, rollout_index=0, global_step=0, episode=0)
+    rollout, samples, stats = trainer.rollouts.collect(rows, rollout_index=0, global_step=0, episode=0)
 
     kept = [_index(prompt) for prompt in samples.prompts]
     assert stats["dynamic_sampling/rounds"] >= 2 and stats["dynamic_sampling/zero_spread_kept"] == 0, stats

@@ -20,7 +20,7 @@ from rloo.cli.parser import parse_train_args
 from rloo.cli.rewards import resolve_reward_func, tool_arguments
 from rloo.compat import config_fields, trl_flags
 from rloo.config import ConfigError
-from rloo.run.safe_text import visible
+from rloo.safe_text import visible
 
 __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 
@@ -59,9 +59,11 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
     tokenizer = model_loading.load_tokenizer(  # also for rewards that read token ids
         script.model_name_or_path, "model", **({"revision": revision} if revision else {}),
         **({"trust_remote_code": True} if config.trust_remote_code else {}))
+    reward_funcs = [resolve_reward_func(spec, tokenizer, config.chat_template_kwargs) for spec in script.reward_funcs]
+    _check_code_sandbox(reward_funcs, config)
     trainer = RLOOTrainer(
         model=script.model_name_or_path,
-        reward_funcs=[resolve_reward_func(spec, tokenizer, config.chat_template_kwargs) for spec in script.reward_funcs],
+        reward_funcs=reward_funcs,
         args=config,
         processing_class=tokenizer,
         train_dataset=train_dataset,
@@ -87,13 +89,26 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
         print(f"Pushed {config.output_dir} to the Hub: {url}")
 
 
+def _check_code_sandbox(reward_funcs: list, config: Any) -> None:
+    """With a code reward: refuse now if the sandbox cannot isolate it (fails closed), and say which layers it uses."""
+    import os
+
+    from rloo.rewards import isolation
+
+    layers = isolation.check_for_run(reward_funcs, config.sandbox_allow_missing)
+    if layers is not None and os.environ.get("RANK", "0") == "0":  # once, not once per process
+        print(isolation.describe_layers(layers), flush=True)
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by bad input: printed as one message, without a traceback (--debug shows it), exit status 2."""
     from rloo.distributed.launch import LaunchError
+    from rloo.rewards.isolation import SandboxUnavailable
     from rloo.rewards.scoring import RewardError
     from rloo.run.checkpoint import CheckpointError
 
-    return (ConfigError, CheckpointError, FileNotFoundError, RewardError, config_fields.TRLFieldError, LaunchError)
+    return (ConfigError, CheckpointError, FileNotFoundError, RewardError, config_fields.TRLFieldError, LaunchError,
+            SandboxUnavailable)
 
 
 # What a signal outside the training loop interrupted, by command.

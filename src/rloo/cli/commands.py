@@ -22,7 +22,7 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     from rloo.cli.rewards import resolve_reward_func, tool_arguments
     from rloo.data.loading import first_rows, held_out_split, load_prompt_dataset
     from rloo.run.console import format_value
-    from rloo.run.safe_text import visible
+    from rloo.safe_text import visible
     from rloo.trainer import RLOOTrainer
 
     parser = argparse.ArgumentParser(

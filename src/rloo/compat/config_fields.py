@@ -319,7 +319,6 @@ TRL_FIELDS: dict[str, Answer] = {
     "ddp_broadcast_buffers": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
     "ddp_static_graph": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
     "ddp_backend": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
-    "ddp_timeout": refused(1800, ACCELERATE, ACCELERATE_INSTEAD),
     "debug": refused("", "transformers' debug modes are not wired in", "leave it unset"),
     "skip_memory_metrics": accepted(True, "rloo reports no memory metrics"),
     # --- data ---

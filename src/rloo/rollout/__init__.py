@@ -23,12 +23,14 @@ from rloo.config import RLOOConfig
 from rloo.data.images import ImagePromptEncoder, VisionInputs, logged_image_files
 from rloo.data.prompts import as_completions, is_conversational, tokenize_prompts
 from rloo.distributed.sharding import full_weights_for_generation
+from rloo.event_loop import EventLoop
 from rloo.generation.base import SampledBatch, Sampler, model_token_mask
 from rloo.generation.stop import cut_at_stop_strings
 from rloo.passes.logprobs import completion_logprobs, position_ids_from_mask
 from rloo.passes.prefix_logprobs import (
     can_share_prompts,
     grouped_completion_logprobs,
+    grouped_pays,
     groups_share_prompts,
     shares_image_prompts,
 )
@@ -54,6 +56,13 @@ class RolloutCollector:
     multi_turn: Any = None  # a `rollout.multi_turn.MultiTurnRollout` when tools, environments or a rollout_func are given
     warned_unscored: bool = False  # the "no reward scored anything" warning was given (it is given once)
     images: ImagePromptEncoder | None = None  # renders rows with images through the processor; None: text only
+    # The run's one loop for async tools and reward functions (rloo.event_loop): made here, so it lives as long as the
+    # trainer's collector and closes with it; the async sampler's copy (dataclasses.replace) shares it.
+    event_loop: EventLoop | None = None
+
+    def __post_init__(self) -> None:
+        if self.event_loop is None:
+            self.event_loop = EventLoop(owner=self)
 
     @torch.no_grad()
     def collect(self, rows: list[dict[str, Any]], global_step: int = 0, episode: int = 0,
@@ -142,7 +151,8 @@ class RolloutCollector:
         arguments.update(log_extra=reward_log.log_extra, log_metric=reward_log.log_metric)
         scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
                                    step=global_step, error_policy=self.args.reward_error_policy,
-                                   warn_unscored=not self.warned_unscored)
+                                   warn_unscored=not self.warned_unscored, event_loop=self.event_loop,
+                                   timeout=self.args.reward_timeout)
         self.warned_unscored = self.warned_unscored or not bool(scored.valid.any())  # said once per run, not per step
         if self.args.reward_error_policy == "none":
             for fn in self.reward_functions:
@@ -295,11 +305,13 @@ class RolloutCollector:
         (`passes.prefix_logprobs`), the same log-probs as running every row whole. Models whose cache cannot be
         shared that way (sliding windows, linear attention), rows whose groups do not share one prompt, and rows
         with images on a model with 3-D positions not verified here (`shares_image_prompts`) run every row whole
-        (with images, each with a copy of its prompt's vision tensors, `data.images`)."""
+        (with images, each with a copy of its prompt's vision tensors, `data.images`). On CUDA every row runs whole
+        (`passes.prefix_logprobs.grouped_pays`: the unmasked whole rows keep SDPA's flash kernel)."""
         completion_length, size = sampled.completion_ids.shape[1], self.args.per_device_train_batch_size
         group_size, vision = self.args.num_generations, sampled.vision
         with self.accelerator.autocast():
             shared = can_share_prompts(model) if vision is None else shares_image_prompts(model)
+            shared = shared and grouped_pays(sampled.completion_ids.device)
             if shared and groups_share_prompts(sampled.prompt_ids, sampled.prompt_mask, group_size, vision):
                 return grouped_completion_logprobs(model, sampled.prompt_ids, sampled.prompt_mask,
                                                    sampled.completion_ids, sampled.completion_mask, group_size,

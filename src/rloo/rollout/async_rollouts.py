@@ -283,3 +283,26 @@ class AsyncRollouts:
     def close(self) -> None:
         """Stop the sampler (the process is killed; a thread finishes its rollout and ends)."""
         self.runner.close()
+
+
+class AheadOfTheLearner:
+    """The `sources.RolloutSource` of async_rollouts: an `AsyncRollouts` started when train() begins (a fresh copy of
+    the weights, a new thread or process) and stopped when it ends, its queued rollouts dropped."""
+
+    def __init__(self, collector: RolloutCollector, rows_of: Callable[[int], list[dict[str, Any]]], num_rollouts: int,
+                 timeout_s: float, max_staleness: int = 1) -> None:
+        self.collector, self.rows_of, self.num_rollouts = collector, rows_of, num_rollouts
+        self.timeout_s, self.max_staleness = timeout_s, max_staleness
+        self.running: AsyncRollouts | None = None  # while train() runs
+
+    def start(self) -> None:
+        self.running = AsyncRollouts(self.collector, self.timeout_s, self.max_staleness)
+
+    def next(self, rollout_index: int, global_step: int, episode: int) -> tuple[Rollout, Samples, dict[str, float]]:
+        return self.running.next(rollout_index, self.rows_of, global_step, episode, self.num_rollouts)
+
+    def close(self) -> None:
+        if self.running is not None:
+            self.running.discard()
+            self.running.close()
+            self.running = None

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from rloo.config import ConfigError
+from rloo.data.dataset_rows import PLACEHOLDER_PROMPT
 from rloo.data.prompts import is_conversational, tokenize_prompts
 from rloo.generation.base import SampledBatch, left_pad
 from rloo.tools import check_tool_template, environment_tools, parse_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
@@ -41,7 +42,6 @@ from rloo.tools.parsing import ToolCall
 ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # TRL's required keys
 # The prompt of rows whose environment owns the data (no train_dataset, or no 'prompt' column): reset's text
 # becomes the whole user message. `reset` does not receive it.
-PLACEHOLDER_PROMPT = [{"role": "user", "content": ""}]
 
 
 @dataclass
@@ -200,7 +200,7 @@ class MultiTurnRollout:
         while active and (self.max_tool_calling_iterations is None or rounds < self.max_tool_calling_iterations):
             rounds += 1
             calls = [self.pending_calls[i] for i in active]
-            results = run_tool_calls(calls, [toolboxes[i] for i in active], self.tool_call_timeout)
+            results = run_tool_calls(calls, [toolboxes[i] for i in active], self.tool_call_timeout, collector.event_loop)
             continuing = []
             for i, turn_calls, turn_results in zip(active, calls, results):
                 episodes.tool_calls += len(turn_calls)
@@ -361,27 +361,6 @@ class MultiTurnRollout:
         extras = {key: list(value) for key, value in output.items() if key not in ROLLOUT_FUNC_KEYS}
         return self.batch(trajectories, pad_id, template), Episodes(prompts=prompts, messages=[None] * len(prompts),
                                                                      reward_arguments=extras)
-
-
-def environment_owned_rows(args: Any, train_dataset: Any, num_processes: int, environment_factory: Any,
-                           take_rows: Callable) -> Any:
-    """TRL's environment-owned data: without a train_dataset, one rollout's worth of placeholder rows (the run's
-    length is max_steps); a dataset without a 'prompt' column (e.g. only `environment`) gets the placeholder
-    prompt, which `reset` does not receive (PLACEHOLDER_PROMPT)."""
-    from datasets import Dataset
-
-    if train_dataset is None:
-        if isinstance(environment_factory, dict):
-            raise ValueError("A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with an "
-                             "`environment` column to route each example to its environment. Provide a dataset, or "
-                             "pass a single environment factory.")
-        if args.max_steps <= 0:
-            raise ValueError("When training without a `train_dataset` (the environment owns the data and returns the "
-                             "prompt from `reset()`), `max_steps` must be set to a positive value to define the training "
-                             "length. Set it via `RLOOConfig(max_steps=...)`.")
-        return Dataset.from_list([{"prompt": PLACEHOLDER_PROMPT}] * (args.prompts_per_rollout * num_processes))
-    rows = take_rows(train_dataset, "train_dataset", None)
-    return rows.add_column("prompt", [PLACEHOLDER_PROMPT] * len(rows))
 
 
 @contextlib.contextmanager

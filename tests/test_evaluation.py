@@ -8,7 +8,7 @@ import torch
 
 from conftest import digit_fraction
 from rloo import ConfigError, RLOOConfig, RLOOTrainer
-from rloo.run.evaluation import eval_metrics, pass_at_k, pass_at_k_values
+from rloo.evaluation import eval_metrics, pass_at_k, pass_at_k_values
 
 
 @pytest.mark.parametrize("n,c,k,expected", [
@@ -193,8 +193,8 @@ def test_a_signal_during_rloo_eval_says_it_stopped_an_evaluation(tmp_path, make_
     import os
     import signal
 
+    from rloo import evaluation
     from rloo.cli import main
-    from rloo.run import evaluation
 
     def signalled(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)

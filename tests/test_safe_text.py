@@ -11,7 +11,7 @@ import torch
 from rloo.run.console import completions_table, metrics_table, render
 from rloo.run.metrics import completion_rows
 from rloo.run.report import build_report, completions_html, describe_run
-from rloo.run.safe_text import console_text, display, html_text, tracker_text, visible
+from rloo.safe_text import console_text, display, html_text, tracker_text, visible
 
 CONTROLS = [chr(c) for c in [*range(0x00, 0x20), *range(0x7f, 0xa0)]] + ["\u202e", "\u2066", "\u2028", "\u200f",
                                                                            "\ud800", "\udc80"]

@@ -556,10 +556,20 @@ def training_flops(config_values: dict, rows: int, prompt_tokens: int, completio
 
 
 class Phases:
-    """Seconds spent inside wrapped methods, by phase, synchronising the device at both ends of each call."""
+    """Seconds spent inside wrapped methods, by phase, synchronising the device at both ends of each call; on CUDA
+    also each phase's own peak allocation (`peak_<phase>_bytes`: the peak counter is reset when a phase starts,
+    and what it held before is carried, so `peak()` is still the peak over everything since `reset_peak()`)."""
 
     def __init__(self, device: str):
-        self.device, self.seconds = device, {}
+        self.device, self.seconds, self.carried_peak = device, {}, 0
+
+    def reset_peak(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            self.carried_peak = 0
+
+    def peak(self) -> int | None:
+        return max(self.carried_peak, torch.cuda.max_memory_allocated()) if self.device == "cuda" else None
 
     def wrap(self, owner: Any, name: str, phase: str, only_without_grad: bool = False) -> None:
         original = getattr(owner, name)
@@ -568,12 +578,18 @@ class Phases:
             if only_without_grad and torch.is_grad_enabled():
                 return original(*args, **kwargs)
             synchronize(self.device)
+            if self.device == "cuda":
+                self.carried_peak = max(self.carried_peak, torch.cuda.max_memory_allocated())
+                torch.cuda.reset_peak_memory_stats()
             begin = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
                 synchronize(self.device)
                 self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - begin
+                if self.device == "cuda":
+                    key = f"peak_{phase}_bytes"
+                    self.seconds[key] = max(self.seconds.get(key, 0), torch.cuda.max_memory_allocated())
 
         setattr(owner, name, timed)
 
@@ -621,7 +637,7 @@ def step_clock(device: str, phases: Phases, reward: CountingReward, warmup_steps
 
         def reset_memory(self):
             if device == "cuda":
-                torch.cuda.reset_peak_memory_stats()
+                phases.reset_peak()
                 self.memory_at_start = torch.cuda.memory_allocated()
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -715,8 +731,7 @@ def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: B
             error.partial = {"system": system, "prompts": prompts, "max_completion_tokens": completion_tokens,
                              "steps": clock.steps, "unfinished_step_phase_seconds": dict(phases.seconds),
                              "unfinished_step_seconds": time.perf_counter() - clock.last if clock.last else None,
-                             **({"max_memory_allocated_bytes": torch.cuda.max_memory_allocated()}
-                                if plan.device == "cuda" else {})}
+                             **({"max_memory_allocated_bytes": phases.peak()} if plan.device == "cuda" else {})}
             raise
     timed = clock.steps[warmup:]
     entry = {"system": system, "prompts": prompts, "k": plan.k, "prompt_tokens": plan.prompt_tokens,
@@ -724,7 +739,7 @@ def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: B
              "steps": clock.steps, "timed_steps": len(timed), "stopped_by_budget": clock.stopped_by_budget,
              "memory_at_rest_bytes": memory_at_rest, "settings": trainer_settings(trainer, system)}
     if plan.device == "cuda":
-        entry["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        entry["max_memory_allocated_bytes"] = phases.peak()
         entry["max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved()
         entry["memory_at_timed_start_bytes"] = clock.memory_at_start
     del trainer, model
@@ -763,6 +778,9 @@ def summarise(plan: Plan, timed: list[dict]) -> dict:
         "step_completion_tokens_per_s": new_tokens / total["seconds"],
         "training_model_flops_per_step": flops / len(timed),
         "training_mfu": flops / total["training_pass"] / peak if peak and total["training_pass"] else None,
+        # each phase's own peak allocation over the timed steps (CUDA; None on CPU)
+        **{f"peak_{phase}_bytes": max((step.get(f"peak_{phase}_bytes") or 0 for step in timed), default=0) or None
+           for phase in ("generation", "no_grad_passes", "training_pass")},
     }
 
 
