@@ -384,10 +384,10 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         return metrics
 
     def _eval_prompts_per_batch(self, num_generations: int) -> int:
-        """Prompts sampled together in evaluation: per_device_eval_batch_size completions when it was given
+        """Prompts sampled together in evaluation: per_device_eval_batch_size completions when it is set
         (whole groups, at least one), else the training step's prompts."""
-        given = self.args.__dict__.get("_trl_values", {}).get("per_device_eval_batch_size")
-        return self.args.prompts_per_step if given is None else max(1, given // num_generations)
+        size = self.args.per_device_eval_batch_size
+        return self.args.prompts_per_step if size is None else max(1, size // num_generations)
 
     def _log_eval(self) -> dict[str, float]:
         """Evaluate and log once per step: the last step's eval is not repeated after the loop."""

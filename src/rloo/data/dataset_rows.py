@@ -93,13 +93,16 @@ def settle_streamed_train_options(args: Any, train_dataset: Any) -> None:
     groups); it only sizes the loader `get_train_dataloader()` returns, the loop starts no workers."""
     if not is_streamed(train_dataset):
         return
-    accelerator_config = getattr(args, "accelerator_config", None)
-    if accelerator_config is not None:
-        if accelerator_config.dispatch_batches:
-            raise ValueError("Iterable datasets require `dispatch_batches=False`: a streamed train_dataset is read "
-                             "by every process. Remove `dispatch_batches` from accelerator_config or set it to False.")
-        accelerator_config.dispatch_batches = False
-    workers = getattr(args, "dataloader_num_workers", 0)
+    options = args.accelerator_config  # None, a mapping, or transformers' AcceleratorConfig (TRL's form)
+    dispatch = options.get("dispatch_batches") if isinstance(options, dict) else getattr(options, "dispatch_batches", None)
+    if dispatch:
+        raise ValueError("Iterable datasets require `dispatch_batches=False`: a streamed train_dataset is read "
+                         "by every process. Remove `dispatch_batches` from accelerator_config or set it to False.")
+    if isinstance(options, dict):
+        options["dispatch_batches"] = False
+    elif options is not None:  # TRL sets it on the object
+        options.dispatch_batches = False
+    workers = args.dataloader_num_workers
     if workers:
         logger.warning("dataloader_num_workers=%d is set to 0 for a streamed train_dataset, as TRL does (workers "
                        "would split its groups; rloo's loop starts no workers in any case).", workers)

@@ -126,7 +126,7 @@ class MultiTurnRollout:
 
     tokenizer: Any
     max_completion_length: int
-    max_prompt_length: int
+    max_prompt_length: int | None  # None: prompts are not truncated
     chat_template_kwargs: dict[str, Any] | None
     end_ids: set[int]
     tools: list[Callable] = field(default_factory=list)
