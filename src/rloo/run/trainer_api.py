@@ -273,7 +273,7 @@ class TrainerAPI:
 def saves_final_model(args: Any) -> bool:
     """Whether train() writes the final model into output_dir: yes, unless TRL's save_strategy="no" was
     given (TRL's train() writes no weights then, and scripts call save_model); save_steps=0 alone keeps it."""
-    return getattr(args, "save_strategy", "steps") not in ("no", False)  # YAML reads a bare `no` as False
+    return args.save_strategy != "no"
 
 
 def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any,
