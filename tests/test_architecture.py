@@ -208,6 +208,51 @@ def test_the_trainer_reaches_the_rollout_source_kinds_only_through_the_factory()
     assert not graph["rloo.trainer"] & ROLLOUT_SOURCE_KINDS, sorted(graph["rloo.trainer"] & ROLLOUT_SOURCE_KINDS)
 
 
+STEP1_MODULES = ("rloo.rollout.prompt_stages", "rloo.rollout.multi_turn")
+STEP1_CALLERS = {"rloo.rollout", "rloo.trainer", "rloo.builders", "rloo.run.trainer_api"}
+
+
+def _parameters(path):
+    return {arg.arg for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
+
+
+def test_step1_takes_a_sampling_function_not_its_caller():
+    """Text, image and multi-turn prompts (`rollout.prompt_stages`) get a sampling function and their token budgets:
+    they import neither the collector nor the trainer, and no function of theirs takes one."""
+    graph, modules = import_graph(), module_names()
+    for name in STEP1_MODULES:
+        assert not graph[name] & STEP1_CALLERS, f"{name} imports {sorted(graph[name] & STEP1_CALLERS)}"
+        assert not _parameters(modules[name][0]) & {"collector", "trainer"}, name
+
+
+def _assigned_attributes_of_a_sampler(tree):
+    """`x.sampler.attr = ...` and `sampler.attr = ...` (plain, augmented or in setattr) in a module."""
+    def is_sampler(node):
+        return (isinstance(node, ast.Name) and node.id == "sampler") or \
+            (isinstance(node, ast.Attribute) and node.attr == "sampler")
+
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        found += [ast.unparse(t) for t in targets if isinstance(t, ast.Attribute) and is_sampler(t.value)]
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and is_sampler(node.args[0]):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_the_sampler_is_never_changed_outside_generation():
+    """A sampler is configured once (`builders.default_sampler`); a call that needs fewer tokens passes
+    `max_new_tokens` (`generation.base.length_limit`) instead of rewriting the sampler for a while."""
+    changed = []
+    for name, (path, _) in module_names().items():
+        if not name.startswith("rloo.generation"):
+            changed += [f"{name}: {target}" for target in _assigned_attributes_of_a_sampler(ast.parse(path.read_text()))]
+    assert not changed, changed
+
+
 # --- One config: the core reads only the fields of rloo.config.RLOOConfig (issue #45) ---
 # The config travels through the core as `self.args` / `trainer.args` (any `<x>.args`), as a parameter named
 # `args` (unannotated or `Any`), as any parameter, local or dataclass field annotated `RLOOConfig`, and as a

@@ -434,12 +434,11 @@ def _(tmp_path):
 
 def multi_turn_error(tmp_path: Path, tools: list | None, environment_factory=None, **config) -> str:
     """build_multi_turn's refusal of a rollout_func beside other options (checked before anything runs)."""
-    from types import SimpleNamespace
 
     from rloo.builders import build_multi_turn
 
-    trainer = SimpleNamespace(args=RLOOConfig(output_dir=str(tmp_path), **config), tokenizer=None, sampler=None)
-    return raised(lambda: build_multi_turn(trainer, tools, environment_factory, lambda prompts, trainer: {}))
+    args = RLOOConfig(output_dir=str(tmp_path), **config)
+    return raised(lambda: build_multi_turn(args, None, None, tools, environment_factory, lambda prompts, trainer: {}))
 
 
 @case("rollout_func_with_tools")

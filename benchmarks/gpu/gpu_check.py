@@ -1,7 +1,7 @@
 """rloo on a GPU, in one short run: correctness of the fast paths on CUDA, then speed and memory against TRL.
 
     bash scripts/gpu_check.sh OUTDIR            # on the GPU machine: installs the carried wheels, then runs this
-    python benchmarks/gpu_check.py --cpu-tiny --out /tmp/gpu-check   # the dry run (CI): same code paths, tiny, on CPU
+    python benchmarks/gpu/gpu_check.py --cpu-tiny --out /tmp/gpu-check   # the dry run (CI): same code paths, tiny, on CPU
 
 Writes OUTDIR/gpu_check.json (rewritten after every section, so a run cut short keeps what it finished) and
 OUTDIR/gpu_check.md (the short table, also printed last). Sections, each guarded so that one failure loses
@@ -27,6 +27,10 @@ nothing else, and each skipped and recorded when the global time budget (--budge
                             take about 124 GB), 1 timed step, no warm-up step
     speed_rloo_lean_off_512 rloo with lean_activations=False, otherwise as speed_rloo_512: what the CPU-tuned
                             recomputation costs or saves in the GPU's training pass
+    speed_trl_cb_512        TRL at rloo's settings with use_transformers_continuous_batching=True (issue #46)
+    speed_trl_liger_512     TRL at rloo's settings with use_liger_kernel=True (skipped without liger_kernel)
+    speed_rloo_16384        rloo alone at 16,384 new tokens (1 prompt x K = 8), 1 timed step, no warm-up: long
+                            reasoning on one GPU; run it alone (--sections environment,speed_rloo_16384)
 
 Each speed section reports, over its timed steps: tokens per second of generation (new tokens / seconds in the
 sampler or `generate`) and of the training pass (prompt + completion tokens / seconds in the forward and
@@ -67,7 +71,7 @@ from typing import Any, Callable
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Qwen/Qwen3-0.6B's config.json (transformers' Qwen3Config names): 28 layers of width 1024, 16 query and 8 KV
 # heads of 128, a 3072-wide gated MLP, per-head RMSNorms on queries and keys (Qwen3's qk-norm, built into the
@@ -114,6 +118,9 @@ class Plan:
     peak_size: int  # side of the square matmul that measures the peak
     budget_s: float
     extra: dict = field(default_factory=dict)
+    xl_prompts: int = 1  # speed_rloo_16384: prompts, new tokens, micro-batch (1 timed step, no warm-up)
+    xl_completion_tokens: int = 16384
+    xl_micro_batch: int = 1  # one row of 16.5k tokens: its saved activations take tens of GB
 
 
 def gpu_plan(args) -> Plan:
@@ -127,7 +134,7 @@ def tiny_plan(args) -> Plan:
     return Plan(device="cpu", model=TINY, correctness_layers=2, rows=(2, 3, 7, 6), prompts=2, k=2,
                 prompt_tokens=6, completion_tokens=8, micro_batch=2, warmup_steps=1, steps=1,
                 long_prompts=1, long_completion_tokens=24, long_micro_batch=2, long_warmup_steps=0, long_steps=1,
-                bf16=False, peak_size=256, budget_s=args.budget_s or 600.0)
+                bf16=False, peak_size=256, budget_s=args.budget_s or 600.0, xl_completion_tokens=32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -680,12 +687,21 @@ def rloo_trainer(plan: Plan, model, tokenizer, dataset, reward, callback, output
     return trainer
 
 
+# TRL's variants: at its defaults, at rloo's settings, and at rloo's settings with each of its own speed switches.
+TRL_SETTINGS = {"trl_defaults": {},
+                "trl_ours": dict(gradient_checkpointing=False, disable_dropout=True, optim="adamw_torch"),
+                "trl_cb": dict(gradient_checkpointing=False, disable_dropout=True, optim="adamw_torch",
+                               use_transformers_continuous_batching=True),
+                "trl_liger": dict(gradient_checkpointing=False, disable_dropout=True, optim="adamw_torch",
+                                  use_liger_kernel=True)}
+
+
 def trl_trainer(plan: Plan, model, tokenizer, dataset, reward, callback, output_dir: str, completion_tokens: int,
-                micro_batch: int, prompts: int, max_steps: int, ours: bool):
+                micro_batch: int, prompts: int, max_steps: int, system: str):
     from trl import RLOOConfig, RLOOTrainer
 
     completions = prompts * plan.k
-    ours_settings = dict(gradient_checkpointing=False, disable_dropout=True, optim="adamw_torch") if ours else {}
+    ours_settings = TRL_SETTINGS[system]
     args = RLOOConfig(output_dir=output_dir, num_generations=plan.k, per_device_train_batch_size=micro_batch,
                       gradient_accumulation_steps=completions // micro_batch, max_completion_length=completion_tokens,
                       max_steps=max_steps, logging_steps=max_steps, seed=0, report_to="none", save_strategy="no",
@@ -695,9 +711,10 @@ def trl_trainer(plan: Plan, model, tokenizer, dataset, reward, callback, output_
                        callbacks=[callback])
 
 
-def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: Budget, long: bool = False) -> dict:
-    """Train `system` ("rloo", "rloo_lean_off", "trl_ours", "trl_defaults") for warm-up + timed steps and summarise
-    the timed ones."""
+def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: Budget, long: bool | str = False
+                  ) -> dict:
+    """Train `system` ("rloo", "rloo_lean_off", or one of TRL_SETTINGS) for warm-up + timed steps and summarise
+    the timed ones. `long`: True for the 4,096-token sizes, "xl" for the 16,384-token ones."""
     import transformers
 
     fresh_accelerate_state()
@@ -706,6 +723,8 @@ def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: B
     micro_batch = plan.long_micro_batch if long else plan.micro_batch
     warmup = plan.long_warmup_steps if long else plan.warmup_steps
     steps = plan.long_steps if long else plan.steps
+    if long == "xl":
+        prompts, completion_tokens, micro_batch = plan.xl_prompts, plan.xl_completion_tokens, plan.xl_micro_batch
     model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(plan.device)
     dataset = speed_dataset(plan, prompts, warmup + steps, seed=2)
     phases, reward = Phases(plan.device), CountingReward()
@@ -719,7 +738,7 @@ def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: B
             phases.wrap(trainer.collector, "logprobs", "no_grad_passes")
             phases.wrap(trainer.learner, "accumulate_gradients", "training_pass")
         else:
-            trainer = trl_trainer(*build_args, ours=system == "trl_ours")
+            trainer = trl_trainer(*build_args, system=system)
             phases.wrap(trainer.model, "generate", "generation")  # unwrap_model_for_generation yields this object
             phases.wrap(trainer, "_get_per_token_logps_and_entropies", "no_grad_passes", only_without_grad=True)
             phases.wrap(trainer, "compute_loss", "training_pass")
@@ -752,7 +771,8 @@ def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: B
 def trainer_settings(trainer, system: str) -> dict:
     args = trainer.args
     names = ("gradient_checkpointing", "bf16", "beta", "learning_rate", "optim", "disable_dropout", "temperature",
-             "lean_activations", "shared_prefix_forward", "sampler")
+             "lean_activations", "shared_prefix_forward", "sampler", "use_transformers_continuous_batching",
+             "use_liger_kernel")
     return {name: getattr(args, name) for name in names if hasattr(args, name)}
 
 
@@ -976,8 +996,10 @@ def run_sections(plan: Plan, results: Results, budget: Budget, wanted: set[str] 
     run_section(results, "sampler_same_draws", budget, lambda: check_sampler_draws(plan), wanted=wanted)
     run_section(results, "rloo_step_cuda_vs_cpu", budget, lambda: check_rloo_step(plan), wanted=wanted)
 
-    systems = {"speed_rloo_512": "rloo", "speed_trl_ours_512": "trl_ours", "speed_trl_defaults_512": "trl_defaults",
-               "speed_rloo_4096": "rloo", "speed_rloo_lean_off_512": "rloo_lean_off"}
+    # In this order: TRL's own speed switches before its defaults, so that a short budget drops the defaults first.
+    systems = {"speed_rloo_512": "rloo", "speed_trl_ours_512": "trl_ours", "speed_trl_cb_512": "trl_cb",
+               "speed_trl_liger_512": "trl_liger", "speed_trl_defaults_512": "trl_defaults",
+               "speed_rloo_4096": "rloo", "speed_rloo_lean_off_512": "rloo_lean_off", "speed_rloo_16384": "rloo"}
     if wanted is not None and not wanted & set(systems):
         return
     tokenizer = word_tokenizer(plan.model)
@@ -987,8 +1009,14 @@ def run_sections(plan: Plan, results: Results, budget: Budget, wanted: set[str] 
             if system.startswith("trl") and importlib.util.find_spec("trl") is None:
                 results.record(name, {"status": "skipped", "reason": "trl is not installed"})
                 continue
+            if system == "trl_liger" and importlib.util.find_spec("liger_kernel") is None:
+                results.record(name, {"status": "skipped", "reason": "liger_kernel is not installed"})
+                continue
+            if name == "speed_rloo_16384" and (wanted is None or name not in wanted):
+                continue  # only when named: one step of 16,384 tokens takes minutes on a GPU
+            size = "xl" if name.endswith("16384") else name.endswith("4096")
             run_section(results, name, budget,
-                        lambda: speed_section(plan, system, model_dir, tokenizer, budget, long=name.endswith("4096")),
+                        lambda: speed_section(plan, system, model_dir, tokenizer, budget, long=size),
                         estimate=estimate_seconds(name, plan, results), wanted=wanted)
 
 
@@ -1044,7 +1072,8 @@ def render_table(data: dict) -> str:
         lines.append(f"| rloo_step_cuda_vs_cpu | {_status(step)} | loss diff {_fmt(step.get('loss_abs_diff'))} | "
                      f"| grad-norm err {_fmt(step.get('grad_norm_rel_err'))} | {STEP_LOSS_ATOL:g} / {STEP_GRAD_NORM_RTOL:g} |")
     lines += ["", "| run | status | new tokens | s/step | generation tok/s | training tok/s | no-grad s/step "
-              "| max allocated GB | training MFU |", "|---|---|---|---|---|---|---|---|---|"]
+              "| max allocated GB | training MFU | own peak GB: generation / no-grad / training |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in sections.items():
         if not name.startswith("speed_"):
             continue
@@ -1052,7 +1081,9 @@ def render_table(data: dict) -> str:
         lines.append(f"| {name} | {_status(entry)} | {_fmt(entry.get('max_completion_tokens'))} "
                      f"| {_fmt(entry.get('seconds_per_step'))} | {_fmt(entry.get('generation_tokens_per_s'), 4)} "
                      f"| {_fmt(entry.get('training_tokens_per_s'), 4)} | {_fmt(entry.get('no_grad_passes_s_per_step'))} "
-                     f"| {_fmt(memory / 1e9 if memory else None)} | {_fmt(entry.get('training_mfu'))} |")
+                     f"| {_fmt(memory / 1e9 if memory else None)} | {_fmt(entry.get('training_mfu'))} | "
+                     + " / ".join(_fmt(entry[key] / 1e9 if entry.get(key) else None) for key in (
+                         "peak_generation_bytes", "peak_no_grad_passes_bytes", "peak_training_pass_bytes")) + " |")
     by_status = {status: [name for name, entry in sections.items() if entry.get("status") == status]
                  for status in ("failed", "stopped", "running", "skipped")}
     if any(by_status.values()):

@@ -16,15 +16,13 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, get_scheduler
 
 from rloo import model_loading
 from rloo.config import ConfigError, RLOOConfig
-from rloo.data.images import ImagePromptEncoder, image_column, image_token_id, is_processor, language_model_only
+from rloo.data.images import image_column, is_processor, language_model_only
 from rloo.data.schedule import PromptSchedule
 from rloo.distributed import accelerate_internals, deepspeed_setup, sharding
 from rloo.distributed.launch import check_launch
 from rloo.distributed.sharding import check_supported
 from rloo.generation import FastSampler, GenerateSampler, Sampler
-from rloo.generation.fast import refuse_3d_positions
 from rloo.generation.options import sampler_options
-from rloo.passes import mrope
 from rloo.passes.lean_activations import lean_activations
 from rloo.rewards import isolation
 from rloo.rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
@@ -204,21 +202,6 @@ def build_reference(policy: torch.nn.Module, args: RLOOConfig) -> torch.nn.Modul
     return None
 
 
-def reference_in_compute_dtype(reference: torch.nn.Module | None, accelerator: Any) -> torch.nn.Module | None:
-    """The frozen reference with its parameters in bf16 when the run is bf16 autocast on one CUDA device or plain
-    data parallel (issue #46): it is only read, under autocast its products are bf16 anyway, and each no-grad pass
-    then casts nothing (half the memory, no per-call casts). Buffers (rotary inv_freq) keep their type; FSDP2 and
-    DeepSpeed shard the reference as they shard the policy, so it is left as it is there, and on CPU."""
-    from accelerate.utils import DistributedType
-
-    if (reference is None or accelerator.device.type != "cuda" or accelerator.mixed_precision != "bf16"
-            or accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU)):
-        return reference
-    for parameter in reference.parameters():
-        parameter.data = parameter.data.to(torch.bfloat16)
-    return reference
-
-
 def build_optimizer(model: torch.nn.Module, args: RLOOConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     # Decay matrices only; biases and norm weights are not decayed.
@@ -255,6 +238,13 @@ def prepare_for_training(acc: Accelerator, policy: torch.nn.Module, optimizers: 
     optimizer.zero_grad(set_to_none=True)
     scheduler = scheduler if scheduler is not None else build_scheduler(optimizer, args, total_steps)
     return acc.prepare(policy, optimizer, scheduler)
+
+
+def build_schedule(args: RLOOConfig, num_rows: int, num_processes: int) -> tuple[PromptSchedule, int, int]:
+    """(which rows each rollout takes on each process, the run's rollouts, its optimizer steps)."""
+    schedule = PromptSchedule(num_rows=num_rows, prompts_per_process=args.prompts_per_rollout,
+                              num_processes=num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
+    return schedule, *run_length(args, schedule, num_processes)
 
 
 def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -> tuple[int, int]:
@@ -361,12 +351,13 @@ def check_run_options(args: RLOOConfig, accelerator: Accelerator, reference: tor
                           "ZeRO-2, or leave sync_ref_model False.")
 
 
-def build_multi_turn(trainer: Any, tools: Sequence[Any] | None, environment_factory: Any,
-                     rollout_func: Any) -> MultiTurnRollout | None:
-    """The trainer's multi-turn rollout stage when tools, an environment_factory (a callable, or a dict of them
-    chosen by each row's `environment` column) or a rollout_func is given; None for single completions. The
-    trainer is what rollout_func receives as its second argument, as in TRL."""
-    args, tokenizer, sampler = trainer.args, trainer.tokenizer, trainer.sampler
+def build_multi_turn(args: RLOOConfig, tokenizer: Any, sampler: Any, tools: Sequence[Any] | None,
+                     environment_factory: Any, rollout_func: Any, trainer: Any = None,
+                     event_loop: Any = None) -> MultiTurnRollout | None:
+    """The multi-turn rollout stage when tools, an environment_factory (a callable, or a dict of them chosen by
+    each row's `environment` column) or a rollout_func is given; None for single completions. It ends turns where
+    `sampler` does. `trainer` is only handed to rollout_func, as its second argument (as in TRL); `event_loop` (the
+    run's, `rloo.event_loop`) runs async tools."""
     if not tools and environment_factory is None and rollout_func is None:
         return None
     if rollout_func is not None and (tools or environment_factory is not None):
@@ -383,36 +374,5 @@ def build_multi_turn(trainer: Any, tools: Sequence[Any] | None, environment_fact
     return MultiTurnRollout(tokenizer, args.max_completion_length, args.max_prompt_length, args.chat_template_kwargs,
                             end_ids, tools=list(tools or []), environment_factories=factories, rollout_func=rollout_func,
                             max_tool_calling_iterations=args.max_tool_calling_iterations,
-                            tool_call_timeout=args.tool_call_timeout, trainer=trainer)
+                            tool_call_timeout=args.tool_call_timeout, trainer=trainer, event_loop=event_loop)
 
-
-def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) -> ImagePromptEncoder | None:
-    """The stage that renders rows with images through the processor (`data.images`); None for a text dataset.
-    Refuses, by name, what the image path does not take: a tokenizer instead of a processor, a sampler other
-    than `fast`, `generate` and `vllm` (and `fast`, or shared_prefix_forward, for a model with 3-D positions not
-    verified here), and multi-turn rollouts (docs/vision.md)."""
-    args, sampler, multi_turn = trainer.args, trainer.sampler, trainer.multi_turn
-    column = image_column(trainer.train_dataset.column_names)
-    if column is None:
-        return None
-    if not is_processor(processing_class):
-        raise ConfigError(f"train_dataset has an {column!r} column, so the prompts carry images, and processing_class "
-                          f"is {type(processing_class).__name__}, not a multimodal processor. Pass the model's "
-                          f"processor: RLOOTrainer(processing_class=AutoProcessor.from_pretrained(model_id)).")
-    if not (isinstance(sampler, (FastSampler, GenerateSampler)) or args.sampler == "vllm"):
-        raise ConfigError(f"prompts with images are sampled by sampler='fast' (the default), 'generate' or 'vllm' only; "
-                          f"the {args.sampler!r} sampler ({type(sampler).__name__}) does not take image inputs. Set "
-                          f"sampler='fast' or 'generate' (docs/vision.md lists what each sampler supports).")
-    if isinstance(sampler, FastSampler):
-        refuse_3d_positions(policy)  # 3-D positions not verified (mrope.VERIFIED_MODEL_TYPES): sampler='generate'
-    if multi_turn is not None:
-        raise ConfigError("prompts with images do not run with tools, environments or a rollout_func yet; drop the "
-                          f"{column!r} column or the multi-turn arguments.")
-    if args.shared_prefix_forward and not mrope.positions_verified(policy):  # not in mrope.VERIFIED_MODEL_TYPES
-        raise ConfigError(f"shared_prefix_forward=True with images on {type(policy).__name__} (model_type "
-                          f"{mrope.model_type(policy)!r}): the shared-prefix pass gives the completion tokens their 3-D "
-                          f"rotary positions (mrope) itself, which is verified for {', '.join(mrope.VERIFIED_MODEL_TYPES)} "
-                          f"only; set shared_prefix_forward=False for this model (docs/vision.md).")
-    return ImagePromptEncoder(processing_class, column, args.max_prompt_length,
-                              image_token_id(policy.config, processing_class), dict(args.chat_template_kwargs or {}),
-                              trainer.accelerator.device)

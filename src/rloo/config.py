@@ -122,7 +122,7 @@ class RLOOConfig:
     copies of its KV cache (kept in the autograd graph): the same log-probs and gradients as running
     every row whole. Pays where the decoder dominates, most on long prompts (3.6x at prompt 512 /
     completion 64, 5.3x at 1024 / 32 on CPU; about even where a large LM head dominates:
-    benchmarks/shared_prefix.py, docs/algorithm.md). Needs a model whose KV cache holds attention
+    benchmarks/speed/shared_prefix.py, docs/algorithm.md). Needs a model whose KV cache holds attention
     keys (full or sliding-window layers; not linear attention, and a sliding window under eager or sdpa
     attention, not flash attention's kernel); with gradient_checkpointing, the decoder layers of both the
     prompts' and the completions' pass are recomputed. With images in the prompts, each prompt's images
@@ -390,6 +390,13 @@ class RLOOConfig:
     vllm_enable_sleep_mode: bool = False
     """Colocate mode: put the engine to sleep (weights and KV cache off the GPU) between generations
     and wake it before the next, so training gets the memory back. GPU only: refused on vLLM's CPU engine."""
+    vllm_lora_sync: str = "adapters"
+    """With a LoRA policy (peft_config): what reaches the vLLM engine after each optimizer step. "adapters" (the
+    default): the adapter tensors alone, as a new adapter version the engine (started with enable_lora) samples
+    with; the base weights go once, at start-up. "merged": the adapters merged into the base weights and every
+    base weight pushed (rloo's earlier behaviour). Adapters vLLM does not serve (DoRA, modules_to_save,
+    lora_target_parameters, LoRA bias) and a server started without --enable_lora fall back to "merged" with one
+    logged line saying why (generation/vllm_lora.py; costs measured in docs/launching.md)."""
     vllm_server_base_url: str | None = None
     """Server mode: the server's URL (e.g. "http://host:8000"); when unset, host and port are used. A token for a
     server started with one comes from the RLOO_VLLM_TOKEN environment variable, never from the config, which is

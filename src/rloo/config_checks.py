@@ -34,6 +34,7 @@ OPTIMIZERS = ("adamw_torch", "adamw_8bit")
 TRUNCATE_PROMPTS = ("left", "error")
 SAMPLERS = ("fast", "generate", "paged", "vllm")
 VLLM_MODES = ("colocate", "server")
+VLLM_LORA_SYNCS = ("adapters", "merged")
 NAN_POLICIES = ("skip", "stop")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")  # transformers' TrainingArguments.log_level
 REWARD_ERROR_POLICIES = ("stop", "none")
@@ -353,6 +354,9 @@ def check_field_types(config: Any) -> None:
 def _check_scale_out(c: RLOOConfig) -> None:
     """The scale-out block: vLLM options and the truncated importance-sampling cap."""
     require(c.vllm_mode in VLLM_MODES, f"vllm_mode must be one of {VLLM_MODES}, got {c.vllm_mode!r}.")
+    require(c.vllm_lora_sync in VLLM_LORA_SYNCS,
+            f"vllm_lora_sync must be one of {VLLM_LORA_SYNCS} (adapter tensors alone, or adapters merged into every "
+            f"base weight), got {c.vllm_lora_sync!r}.")
     require(0 < c.vllm_gpu_memory_utilization <= 1,
             f"vllm_gpu_memory_utilization must be in (0, 1], got {c.vllm_gpu_memory_utilization!r}.")
     require(isinstance(c.vllm_tensor_parallel_size, int) and c.vllm_tensor_parallel_size >= 1,

@@ -32,13 +32,15 @@ from transformers import PreTrainedModel
 
 from rloo import builders, evaluation, safe_text
 from rloo.config import ConfigError, RLOOConfig
-from rloo.data.dataset_rows import named_eval_sets, train_rows
-from rloo.data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
-from rloo.data.schedule import PromptSchedule, select_rows
+from rloo.data.dataset_rows import check_prompts, named_eval_sets, train_rows
+from rloo.data.prompts import check_vocabulary
+from rloo.data.schedule import select_rows
 from rloo.distributed import sharding
+from rloo.event_loop import EventLoop
 from rloo.generation.base import Sampler
 from rloo.passes import reference_sync
 from rloo.rollout import Rollout, RolloutCollector, Samples
+from rloo.rollout.prompt_stages import prompt_stage
 from rloo.rollout.sources import rollout_source, zero_spread_message
 from rloo.run import checkpoint, report, trainer_api
 from rloo.run.allocator import empty_device_cache_every, return_large_buffers_to_os
@@ -105,55 +107,62 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         set_seed(args.seed)
         self.processing_class, self.tokenizer = builders.load_processing_class(processing_class, model, train_dataset, args)
         train_dataset = train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
-        self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
+        check_prompts(args, self.tokenizer, train_dataset, eval_dataset)  # before weights load or sizes derive
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
 
         policy = builders.load_policy(model, peft_config, args, quantization_config, self.processing_class)
         check_vocabulary(self.tokenizer, policy)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
-        reference = builders.reference_in_compute_dtype(builders.build_reference(policy, args), acc)
-        self.schedule = PromptSchedule(num_rows=len(train_dataset), prompts_per_process=args.prompts_per_rollout,
-                                       num_processes=acc.num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
-        self.num_rollouts, self.total_steps = builders.run_length(args, self.schedule, acc.num_processes)
+        reference = sharding.reference_in_compute_dtype(builders.build_reference(policy, args), acc)
+        self.schedule, self.num_rollouts, self.total_steps = builders.build_schedule(args, len(train_dataset),
+                                                                                     acc.num_processes)
         self.model, self.optimizer, self.lr_scheduler = builders.prepare_for_training(acc, policy, optimizers, args,
                                                                                       self.total_steps)
         self.reference = None if reference is None else sharding.prepare_reference(acc, reference)
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.sampler = sampler if sampler is not None else builders.default_sampler(args, self.tokenizer,
-                                                                                    acc.unwrap_model(self.model))
-        self.multi_turn = builders.build_multi_turn(self, tools, environment_factory, rollout_func)  # None: single turn
-        self.reward_functions, self.reward_weights = builders.build_rewards(
-            args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names, self.multi_turn)
-        self.collector = RolloutCollector(args, acc, self.model, self.reference, self.tokenizer, self.sampler,
-                                          self.reward_functions, self.reward_weights, multi_turn=self.multi_turn,
-                                          images=builders.image_encoder(self, self.processing_class, policy))  # data.images
-        self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
+        self.collector = self._build_collector(policy, sampler, reward_funcs, reward_processing_classes, tools,
+                                               environment_factory, rollout_func)  # steps 1-4
+        self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)  # step 5
         # plain, dynamic_sampling or async_rollouts (`rollout.sources`): chosen here, once
         self.rollouts = rollout_source(args, acc, self.collector, train_dataset, self._rows, self.num_rollouts)
-        self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
-        self.global_step, self.episode = 0, 0
-        self._evaluated_at, self._last_eval, self._reported_zero_spread, self._claimed_output_dir = -1, {}, False, False
+
+        self.logger = MetricsLogger(acc, args.output_dir, args.report_to)  # step 6
+        self.global_step = 0
+        self.episode = 0
         self.run_id = uuid.uuid4().hex  # marks this run's checkpoints; a resumed run takes the checkpoint's
         self.stopped_by: str | None = None  # the signal that stopped train() early, if any
+        self._evaluated_at = -1  # the step last evaluated at: `_log_eval` evaluates once per step
+        self._last_eval: dict[str, float] = {}
+        self._reported_zero_spread = False  # the zero-spread console line is said once per run
+        self._claimed_output_dir = False  # prepare_output_dir ran: a second train() continues its own files
         self._attach_callbacks(callbacks)
         self._expose_trl_attributes()
         builders.check_run_options(args, acc, self.reference, eval_dataset)
+
+    def _build_collector(self, policy: torch.nn.Module, sampler: Sampler | None, reward_funcs: Any,
+                         reward_processing_classes: Any, tools: Any, environment_factory: Any,
+                         rollout_func: Any) -> RolloutCollector:
+        """Steps 1-4, each part chosen once: the sampler, the multi-turn stage (None: single completions), the
+        reward functions, and step 1's stage for text, images or multi-turn prompts (`rollout.prompt_stages`)."""
+        args, acc, columns = self.args, self.accelerator, self.train_dataset.column_names
+        self.sampler = sampler if sampler is not None else builders.default_sampler(args, self.tokenizer,
+                                                                                    acc.unwrap_model(self.model))
+        event_loop = EventLoop(owner=self)  # the run's one loop for async tools and reward functions
+        self.multi_turn = builders.build_multi_turn(args, self.tokenizer, self.sampler, tools, environment_factory,
+                                                    rollout_func, trainer=self,  # the trainer: rollout_func's argument
+                                                    event_loop=event_loop)
+        self.reward_functions, self.reward_weights = builders.build_rewards(
+            args, reward_funcs, reward_processing_classes, acc.device, columns, self.multi_turn)
+        step1 = prompt_stage(args, self.processing_class, self.tokenizer, self.sampler, policy, columns, acc.device,
+                             self.multi_turn)
+        return RolloutCollector(args, acc, self.model, self.reference, self.tokenizer, self.sampler,
+                                self.reward_functions, self.reward_weights, step1, event_loop=event_loop)
 
     def _sync_reference(self) -> None:
         """Every ref_model_sync_steps optimizer steps: reference <- (1 - alpha) * reference + alpha * policy."""
         if self.args.sync_ref_model and self.global_step % self.args.ref_model_sync_steps == 0:
             reference_sync.sync_reference(self.accelerator.unwrap_model(self.reference),
                                           self.accelerator.unwrap_model(self.model), self.args.ref_model_mixup_alpha)
-
-    def _check_prompts(self, train_dataset: Any, eval_dataset: Any) -> None:
-        """Every dataset has usable prompts of an acceptable length (eval_dataset may be a dict)."""
-        args = self.args
-        eval_sets = named_eval_sets(eval_dataset) if eval_dataset is not None else []
-        for dataset, name in ((train_dataset, "train_dataset"),
-                              *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
-            if dataset is not None:
-                check_prompt_dataset(dataset, name)
-                check_prompt_lengths(dataset, name, self.tokenizer, args.max_prompt_length, args.truncate_prompts,
-                                     args.chat_template_kwargs)
 
     def _attach_callbacks(self, callbacks: Sequence[Any] | None) -> None:
         """transformers TrainerCallbacks and a TrainerState (log_history), which is also a metrics sink

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_micro.py: its dry run (--cpu-tiny) runs every piece on CPU at tiny sizes, so the attribution
+"""benchmarks/gpu/gpu_micro.py: its dry run (--cpu-tiny) runs every piece on CPU at tiny sizes, so the attribution
 script of issue #46 cannot rot between GPU leases."""
 
 import json
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_dry_run_times_every_piece(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *sys.path])}
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_micro.py"), "--cpu-tiny", "--out",
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "gpu_micro.py"), "--cpu-tiny", "--out",
                              str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads((tmp_path / "gpu_micro.json").read_text())
@@ -29,5 +29,7 @@ def test_dry_run_times_every_piece(tmp_path):
             assert pieces[piece][name]["ms_median"] > 0, (piece, name)
     assert pieces["decode"]["eager_fp32_model"]["key_dtype"] == "float32"
     assert pieces["decode"]["static_bf16_copy"]["key_dtype"] == "bfloat16"
+    assert pieces["decode"]["static_bf16_copy"]["step_kind"] == "StaticStep"
+    assert pieces["decode"]["eager_bf16_copy"]["step_kind"] == "eager"
     assert pieces["profile"]["top"] and (tmp_path / "profile_training_micro_batch.txt").exists()
     assert "| head | new |" in (tmp_path / "gpu_micro.md").read_text()

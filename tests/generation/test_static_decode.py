@@ -31,9 +31,11 @@ def _peaked(model, scale=4.0):
     return model
 
 
+@pytest.mark.parametrize("block", [256, 4])  # 4: attention's visible length grows block by block
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_static_step_draws_the_eager_loops_tokens(make_model, tokenizer, attention, do_sample):
+def test_static_step_draws_the_eager_loops_tokens(make_model, tokenizer, attention, do_sample, block, monkeypatch):
+    monkeypatch.setattr(static_decode, "ATTENTION_BLOCK", block)
     model = _peaked(make_model(seed=3))
     model.set_attn_implementation(attention)
     assert model.config._attn_implementation == attention
@@ -84,6 +86,10 @@ def test_static_layer_writes_at_the_device_slot():
     out_keys, _ = layer.update(torch.ones(2, 1, 1, 3), torch.ones(2, 1, 1, 3))
     assert out_keys.shape == (2, 1, 5, 3) and out_keys[:, :, 2].eq(1).all() and out_keys[:, :, [0, 1, 3, 4]].eq(0).all()
     assert layer.get_mask_sizes(torch.tensor([2])) == (5, 0) and layer.get_seq_length() == 2
+    layer.keys, layer.values = keys[:, :, :4], values[:, :, :4]  # a narrower visible block
+    slot.fill_(3)
+    out_keys, _ = layer.update(torch.full((2, 1, 1, 3), 2.0), torch.ones(2, 1, 1, 3))
+    assert out_keys.shape == (2, 1, 4, 3) and keys[:, :, 3].eq(2).all() and layer.get_mask_sizes() == (4, 0)
 
 
 def test_models_that_cannot_take_the_static_step_are_named(make_model, tokenizer):
@@ -140,7 +146,8 @@ def test_invalid_fields_are_refused(tokenizer):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_cuda_graphed_step_draws_the_eager_loops_tokens(make_model, tokenizer, do_sample):
+def test_cuda_graphed_step_draws_the_eager_loops_tokens(make_model, tokenizer, do_sample, monkeypatch):
+    monkeypatch.setattr(static_decode, "ATTENTION_BLOCK", 4)  # several graphs, one per block, in one pool
     model = _peaked(make_model(seed=3)).cuda()
     prompts = _prompts(tokenizer, PROMPTS)
     want = draw(model, tokenizer, prompts, do_sample=do_sample, decode_step="eager", eos_check_every=1)

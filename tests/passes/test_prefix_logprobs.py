@@ -244,7 +244,7 @@ def test_reference_is_bf16_only_for_bf16_autocast_on_cuda(make_model):
 
     from accelerate.utils import DistributedType
 
-    from rloo.builders import reference_in_compute_dtype
+    from rloo.distributed.sharding import reference_in_compute_dtype
 
     def accelerator(device, precision, kind=DistributedType.NO):
         return SimpleNamespace(device=torch.device(device), mixed_precision=precision, distributed_type=kind)

@@ -36,7 +36,8 @@ def call(name: str, **arguments) -> str:
 
 class ScriptedSampler:
     """A sampler that answers from a script: for each prompt (its decoded text, with every earlier turn) and
-    generation, `script(text, row)` followed by EOS (cut at max_new_tokens), with log-probs -0.5 per token (or
+    generation, `script(text, row)` followed by EOS (cut at max_new_tokens, or the call's own `max_new_tokens`, a
+    multi-turn trajectory's remaining budget), with log-probs -0.5 per token (or
     none). A turn's number is `text.count("<tool_response>")`. It records every call's prompts and completions."""
 
     def __init__(self, tokenizer, script, max_new_tokens: int = 400, with_logprobs: bool = True):
@@ -46,14 +47,15 @@ class ScriptedSampler:
         self.calls: list[list[list[int]]] = []
         self.sampled: list[list[list[int]]] = []
 
-    def sample(self, model, prompts, num_generations) -> SampledBatch:
+    def sample(self, model, prompts, num_generations, max_new_tokens=None) -> SampledBatch:
         self.calls.append([list(p) for p in prompts])
+        limit = max_new_tokens or self.max_new_tokens
         completions = []
         for index, prompt in enumerate(prompts):
             text = self.tokenizer.decode(prompt)
             for k in range(num_generations):
                 ids = self.tokenizer.encode(self.script(text, index * num_generations + k)) + [self.tokenizer.eos_token_id]
-                completions.append(ids[: self.max_new_tokens])
+                completions.append(ids[:limit])
         self.sampled.append(completions)
         logprobs = [[-0.5] * len(c) for c in completions] if self.with_logprobs else None
         batch = batch_from_token_lists(prompts, completions, logprobs, num_generations, self.tokenizer.pad_token_id,

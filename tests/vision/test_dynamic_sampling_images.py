@@ -75,7 +75,7 @@ def test_kept_rows_of_several_rounds_carry_their_own_prompts_images(tmp_path, fa
     assert len(vision.rows) == rollout.prompt_ids.shape[0] == len(kept) == 6
     assert len(vision.per_prompt) == 3  # the dropped groups' tensors are not kept
     for row, index in enumerate(kept):
-        ids, alone = trainer.collector.images.encode([dataset[index]])
+        ids, alone = trainer.collector.prompt_stage.encoder.encode([dataset[index]])
         assert rollout.prompt_ids[row][rollout.prompt_mask[row].bool()].tolist() == ids[0]
         prompt = vision.rows[row]
         assert alone.per_prompt[0].keys() == vision.per_prompt[prompt].keys()

@@ -65,9 +65,15 @@ def head_compute_dtype(device_type: str, weight: torch.Tensor) -> torch.dtype | 
 def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(m, k) @ (k, n) -> (m, n) fp32 from 16-bit operands: one tensor-core product with fp32 output on CUDA;
     elsewhere the product in the operands' type (fp32 accumulation on CPU), then fp32."""
-    if a.is_cuda:
-        return torch.mm(a, b, out_dtype=torch.float32)
+    if a.is_cuda and _OUT_DTYPE_PRODUCTS["cuda"]:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):  # a torch or card without it: 16-bit output
+            _OUT_DTYPE_PRODUCTS["cuda"] = False
     return torch.mm(a, b).float()
+
+
+_OUT_DTYPE_PRODUCTS = {"cuda": True}  # whether `torch.mm(..., out_dtype=torch.float32)` ran here (first call says)
 
 
 def _tile_logits_cast(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,

@@ -11,6 +11,7 @@ unknown keys and flags are errors, not ignored. `cli.rewards` reads `--reward_fu
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import traceback
@@ -119,6 +120,10 @@ STOPPED = {"train": " before training began; nothing was saved.",
            "vllm-serve": "; the server has stopped."}
 
 
+# Errors of the storage under output_dir, not of rloo: reported in one line, as a user error.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+
+
 class _Terminated(BaseException):
     """SIGTERM before training began (the loop then handles signals itself)."""
 
@@ -161,6 +166,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         if debug:
             traceback.print_exc()
         print(f"rloo: error: {visible(str(error), keep=chr(10))}", file=sys.stderr)  # may quote completions
+        raise SystemExit(2) from None
+    except OSError as error:  # a full disk or a folder made read-only mid-run (issue #48): the errno and the path
+        if error.errno not in STORAGE_ERRNOS:
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"rloo: error: {error}. The run cannot write its files: free disk space or make the folder writable, "
+              f"then resume with --resume_from_checkpoint latest (the last complete checkpoint is intact).",
+              file=sys.stderr)
         raise SystemExit(2) from None
     except (KeyboardInterrupt, _Terminated) as error:  # a signal while loading (training handles its own)
         name = "SIGINT" if isinstance(error, KeyboardInterrupt) else "SIGTERM"

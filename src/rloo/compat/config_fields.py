@@ -246,10 +246,10 @@ TRL_FIELDS: dict[str, Answer] = {
     "average_tokens_across_devices": accepted(True, "the loss denominators are fixed by loss_agg_mode over the whole "
                                               "optimizer step (update.py)", ok=lambda v: v is True),
     "neftune_noise_alpha": refused(None, "NEFTune is a supervised fine-tuning trick", "leave it unset"),
-    # benchmarks/torch_compile.py (tiny model, CPU): the first step took 938 s compiled against 3.8 s eager, the
+    # benchmarks/speed/torch_compile.py (tiny model, CPU): the first step took 938 s compiled against 3.8 s eager, the
     # later ones 0.79 s against 2.96 s; compiling the sampler's and the trainer's shapes is the open part.
     "torch_compile": refused(False, "torch.compile of the policy is not available in rloo yet: on CPU the first "
-                             "compiled step took 938 s against 3.8 s eager (benchmarks/torch_compile.py)",
+                             "compiled step took 938 s against 3.8 s eager (benchmarks/speed/torch_compile.py)",
                              "leave it False"),
     "torch_compile_backend": not_yet(None, "torch.compile of the policy", "leave it unset"),
     "torch_compile_mode": not_yet(None, "torch.compile of the policy", "leave it unset"),

@@ -3,7 +3,7 @@
 * `train_rows`: a `datasets.Dataset` as is; an `IterableDataset` (no length) or a list of rows read into the
   finite Dataset a run of `max_steps` reads (`take_rows`), after TRL's two DataLoader rules for a streamed
   train set (`settle_streamed_train_options`); an environment that owns the data gets placeholder prompts.
-* `named_eval_sets`: an eval set, or a dict of them, as [(name, Dataset)].
+* `named_eval_sets`: an eval set, or a dict of them, as [(name, Dataset)]; `check_prompts` checks each set's prompts.
 * `ScheduleOrder` and `prompt_loader`: what `get_train_dataloader()` / `get_eval_dataloader()` return.
 """
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import logging
 from typing import Any, Callable, Iterable, Iterator
+
+from rloo.data.prompts import check_prompt_dataset, check_prompt_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,17 @@ def train_rows(args: Any, train_dataset: Any, num_processes: int, environment_fa
     needed = None if args.max_steps < 0 else (-(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
                                               * num_processes)
     return take_rows(train_dataset, "train_dataset", needed)
+
+
+def check_prompts(args: Any, tokenizer: Any, train_dataset: Any, eval_dataset: Any) -> None:
+    """Every dataset has usable prompts of an acceptable length (eval_dataset may be a dict of them)."""
+    eval_sets = named_eval_sets(eval_dataset) if eval_dataset is not None else []
+    for dataset, name in ((train_dataset, "train_dataset"),
+                          *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
+        if dataset is not None:
+            check_prompt_dataset(dataset, name)
+            check_prompt_lengths(dataset, name, tokenizer, args.max_prompt_length, args.truncate_prompts,
+                                 args.chat_template_kwargs)
 
 
 def named_eval_sets(eval_dataset: Any) -> list[tuple[str | None, Any]]:

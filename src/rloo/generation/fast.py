@@ -44,7 +44,6 @@ outputs against `generate` and sampled token statistics against the exact model 
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +52,7 @@ import torch
 
 from rloo.config_checks import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
+from rloo.generation.half_weights import autocast_would_cast, copyable, half_copy, kv_bytes_per_token
 from rloo.generation.kv_cache import AppendInPlaceLayer, append_in_place_cache
 from rloo.generation.static_decode import make_step, static_refusal
 from rloo.passes import mrope
@@ -151,53 +151,6 @@ def _note_once(message: str) -> None:
         logger.info(message)
 
 
-def copyable(model: torch.nn.Module) -> bool:
-    """Whether a plain 16-bit copy of `model` decodes as it does: one device, no adapters, no sharded weights."""
-    if hasattr(model, "peft_config") or getattr(model, "is_loaded_in_8bit", False) or getattr(
-            model, "is_loaded_in_4bit", False):
-        return False
-    devices = {p.device for p in model.parameters()}
-    return len(devices) == 1 and all(type(p.data) is torch.Tensor for p in model.parameters())
-
-
-def half_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A frozen copy of `model` with its parameters in `dtype` (norm weights included, so the KV cache is `dtype`
-    too; buffers such as the rotary inv_freq keep theirs: in bf16 they would move positions), in eval mode,
-    on the class's own forward (not a forward an accelerator wrapped on the instance)."""
-    grads = {p: p.grad for p in model.parameters()}
-    for p in grads:
-        p.grad = None  # not copied
-    try:
-        weights = copy.deepcopy(model)
-    finally:
-        for p, grad in grads.items():
-            p.grad = grad
-    weights.__dict__.pop("forward", None)
-    for parameter in weights.parameters():  # parameters only: buffers such as rotary inv_freq stay fp32
-        parameter.data = parameter.data.to(dtype)
-    return weights.requires_grad_(False).eval()
-
-
-def autocast_would_cast(model: torch.nn.Module) -> bool:
-    """Whether autocast is on and `model` has weights it would cast (a graph would capture autocast's cached
-    casts): the 16-bit copy has none."""
-    device = next(model.parameters()).device.type
-    return torch.is_autocast_enabled(device) and any(p.dtype == torch.float32 for p in model.parameters())
-
-
-def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    """Bytes of keys and values one cached token takes across the layers (0 when the config does not say)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layers, heads = getattr(config, "num_hidden_layers", None), getattr(config, "num_key_value_heads", None)
-    heads = heads or getattr(config, "num_attention_heads", None)
-    width = getattr(config, "head_dim", None) or (config.hidden_size // config.num_attention_heads
-                                                  if getattr(config, "num_attention_heads", None) else None)
-    if not (layers and heads and width):
-        return 0
-    element = next(model.parameters()).element_size()
-    return 2 * layers * heads * width * element
-
-
 def _note_prefill_per_sample(cache: Any) -> None:
     kinds = sorted({type(layer).__name__ for layer in cache.layers if not hasattr(layer, "batch_repeat_interleave")})
     if tuple(kinds) not in _noted:
@@ -264,9 +217,10 @@ class FastSampler(SamplingSettings):
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
-               vision: Any = None) -> SampledBatch:
+               vision: Any = None, max_new_tokens: int | None = None) -> SampledBatch:
         """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, as the
-        generate sampler takes them); the prefill runs one row per distinct prompt."""
+        generate sampler takes them); the prefill runs one row per distinct prompt. `max_new_tokens`: this
+        call's length limit (`Sampler.sample`), else the configured one."""
         if vision is not None:
             refuse_3d_positions(model)  # before any work: models with 3-D positions not verified here
         device = next(model.parameters()).device
@@ -275,7 +229,7 @@ class FastSampler(SamplingSettings):
         decoder = self.sampling_model(model) if vision is None else model
         unique_ids, unique_mask = left_pad(prompts, self.pad_token_id, device)  # (N, P)
         completion_ids, logprobs = self._decode_in_waves(decoder, prompts, unique_ids, unique_mask, num_generations,
-                                                         vision)  # (N*K, C)
+                                                         vision, max_new_tokens or self.max_new_tokens)  # (N*K, C)
         model.train(was_training)
 
         completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
@@ -286,14 +240,15 @@ class FastSampler(SamplingSettings):
         return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos, logprobs,
                             logprobs_from_policy=True)
 
-    def rows_per_wave(self, model: torch.nn.Module, prompt_length: int, k: int) -> int | None:
+    def rows_per_wave(self, model: torch.nn.Module, prompt_length: int, k: int,
+                      max_new_tokens: int | None = None) -> int | None:
         """Completion rows decoded at once (a multiple of k), or None for all."""
         if self.wave_rows:
             return max(k, self.wave_rows // k * k)
         device = next(model.parameters()).device
         if device.type != "cuda":
             return None
-        per_row = kv_bytes_per_token(model) * (prompt_length + self.max_new_tokens)
+        per_row = kv_bytes_per_token(model) * (prompt_length + (max_new_tokens or self.max_new_tokens))
         if not per_row:
             return None
         free, _ = torch.cuda.mem_get_info(device)
@@ -301,15 +256,17 @@ class FastSampler(SamplingSettings):
         return max(k, int(CUDA_CACHE_SHARE * free // per_row) // k * k)
 
     def _decode_in_waves(self, model: torch.nn.Module, prompts: list[list[int]], prompt_ids: torch.Tensor,
-                         prompt_mask: torch.Tensor, k: int, vision: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                         prompt_mask: torch.Tensor, k: int, vision: Any,
+                         max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`_decode` over waves of whole groups (all at once when they fit): (N*K, C) tokens and log-probs, C the
         longest wave's, the shorter waves padded."""
-        rows = self.rows_per_wave(model, prompt_ids.shape[1], k) if vision is None else None
+        rows = self.rows_per_wave(model, prompt_ids.shape[1], k, max_new_tokens) if vision is None else None
         if rows is None or rows >= len(prompts) * k:
-            return self._decode(model, prompts, prompt_ids, prompt_mask, k, vision)
+            return self._decode(model, prompts, prompt_ids, prompt_mask, k, vision, max_new_tokens)
         per_wave = rows // k  # prompts a wave
         waves = [self._decode(model, prompts[i : i + per_wave], prompt_ids[i : i + per_wave],
-                              prompt_mask[i : i + per_wave], k) for i in range(0, len(prompts), per_wave)]
+                              prompt_mask[i : i + per_wave], k, None, max_new_tokens)
+                 for i in range(0, len(prompts), per_wave)]
         length = max(tokens.shape[1] for tokens, _ in waves)
         tokens = torch.cat([torch.nn.functional.pad(t, (0, length - t.shape[1]), value=self.pad_token_id)
                             for t, _ in waves])
@@ -339,25 +296,28 @@ class FastSampler(SamplingSettings):
         return prefill.logits[:, -1], rope_deltas  # (B, V), (B, 1) or None
 
     def _decode(self, model: torch.nn.Module, prompts: list[list[int]], prompt_ids: torch.Tensor,
-                prompt_mask: torch.Tensor, k: int, vision: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                prompt_mask: torch.Tensor, k: int, vision: Any = None, max_new_tokens: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """N prompts, also as (N, P) left-padded ids -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
         and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
         trainer computes them). The image token, with `vision`, is never drawn."""
         cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
+        max_new_tokens = max_new_tokens or self.max_new_tokens
         head = 0 if vision is not None or len(prompts) < 2 else shared_head_length(prompts)
         if head >= MIN_SHARED_HEAD:
             tails, tail_mask = left_pad([p[head:] for p in prompts], self.pad_token_id, prompt_ids.device)  # (N, S)
-            cache = append_in_place_cache(model.config, room=tails.shape[1] + self.max_new_tokens)
+            cache = append_in_place_cache(model.config, room=tails.shape[1] + max_new_tokens)
             if all(type(layer) is AppendInPlaceLayer for layer in cache.layers):
                 next_logits, attention_mask = self._prefill_shared_head(
                     model, cache, cache_name, torch.tensor(prompts[0][:head], device=prompt_ids.device), tails,
                     tail_mask, k)
-                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None)
-        cache = append_in_place_cache(model.config, room=self.max_new_tokens)
+                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None,
+                                         max_new_tokens)
+        cache = append_in_place_cache(model.config, room=max_new_tokens)
         next_logits, rope_deltas = self._prefill(model, cache, cache_name, prompt_ids, prompt_mask, k, vision)
         suppressed = None if vision is None or vision.image_token_id is None else vision.image_token_id
         return self._decode_from(model, cache, cache_name, next_logits, prompt_mask.repeat_interleave(k, dim=0),
-                                 rope_deltas, suppressed)
+                                 rope_deltas, suppressed, max_new_tokens)
 
     def _prefill_shared_head(self, model: torch.nn.Module, cache: Any, cache_name: str, head_ids: torch.Tensor,
                              tail_ids: torch.Tensor, tail_mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -377,17 +337,17 @@ class FastSampler(SamplingSettings):
 
     def _decode_from(self, model: torch.nn.Module, cache: Any, cache_name: str, next_logits: torch.Tensor,
                      attention_mask: torch.Tensor, rope_deltas: torch.Tensor | None,
-                     suppressed: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     suppressed: int | None, max_new_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode loop from a prefilled `cache` of B rows: (B, V) first logits and the (B, T) mask over the
         cache, which grows by one column a step."""
-        device = next_logits.device
+        device, max_new_tokens = next_logits.device, max_new_tokens or self.max_new_tokens
         eos_ids = torch.tensor(self.eos_token_ids, device=device)
         finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=device)  # (B,)
         every = self.eos_check_every or (CUDA_EOS_CHECK_EVERY if device.type == "cuda" else 1)
         step_forward = self._step_function(model, cache, cache_name, attention_mask, rope_deltas)
 
         tokens, logprobs, all_ended = [], [], []
-        for step in range(self.max_new_tokens):
+        for step in range(max_new_tokens):
             token, logprob = self._next_token(next_logits, suppressed)  # (B,), (B,)
             token = token.masked_fill(finished, self.pad_token_id)  # rows already ended only pad
             tokens.append(token)
@@ -395,7 +355,7 @@ class FastSampler(SamplingSettings):
             finished |= torch.isin(token, eos_ids)
             all_ended.append(finished.all())
             # A host sync every `every` steps: it saves the remaining steps once every row has ended.
-            if step == self.max_new_tokens - 1 or ((step + 1) % every == 0 and bool(all_ended[-1])):
+            if step == max_new_tokens - 1 or ((step + 1) % every == 0 and bool(all_ended[-1])):
                 break
             next_logits = step_forward(token)
         length = len(tokens)

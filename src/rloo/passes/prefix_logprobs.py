@@ -91,7 +91,7 @@ def grouped_pays(device: torch.device) -> bool:
     """Whether the no-grad passes take the grouped layout on `device`. Not on CUDA (issue #46): the whole rows run
     with no mask (padding moved behind the completions), so SDPA keeps its flash kernel, while the grouped layout
     hands it a mask (no flash kernel, `repeat_kv` copies) and launches many small prefills: on the card that costs
-    more than running each prompt K times saves. benchmarks/gpu_micro.py times both."""
+    more than running each prompt K times saves. benchmarks/gpu/gpu_micro.py times both."""
     return torch.device(device).type != "cuda"
 
 

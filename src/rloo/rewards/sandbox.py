@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from rloo.rewards import isolation
 from rloo.rewards.isolation import SandboxUnavailable
+from rloo.rewards.pids_cgroup import PidsCgroup, pids_cgroup_parent
 from rloo.rewards.verdicts import judge, plan_test
 
 __all__ = ["SandboxResult", "SandboxUnavailable", "run_tests"]
@@ -182,8 +183,9 @@ def _send_and_wait(process: subprocess.Popen, payload: str, timeout_s: float) ->
     return exited
 
 
-def _end_namespaced_run(process: subprocess.Popen) -> None:
-    """Ask the launcher to kill the pid namespace's init; it exits once the kernel has reaped every process in it."""
+def _end_run(process: subprocess.Popen) -> None:
+    """Ask the launcher to end the run: with namespaces it kills the pid namespace's init and exits once the kernel
+    has reaped every process in it; without, it kills the program and reaps whatever the program left."""
     with contextlib.suppress(ProcessLookupError):
         process.terminate()
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -206,9 +208,8 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
         max_processes: processes and threads the child may have at once: the pids cgroup's limit where there is
             one, and RLIMIT_NPROC (which binds inside the user namespace, even when the trainer is root).
         allow_unisolated: run even where neither namespaces nor Landlock work (see `isolation.py`).
-        allow_missing: layer names ("namespaces", ...) to run without where they cannot be set up; without
-            "namespaces" here (or in RLOO_SANDBOX_ALLOW_MISSING, or RLOOConfig.sandbox_allow_missing) a machine
-            whose namespaces fail refuses (SandboxUnavailable).
+        allow_missing: layers ("namespaces", ...) accepted missing; unless "namespaces" is accepted (here, by
+            RLOO_SANDBOX_ALLOW_MISSING or RLOOConfig.sandbox_allow_missing), no namespaces: SandboxUnavailable.
     """
     layers = isolation.check_isolation(allow_unisolated, allow_missing)
     plans = [plan_test(test) for test in tests]
@@ -217,8 +218,8 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
     with tempfile.TemporaryDirectory(prefix="rloo-sandbox-") as private:
         sandbox, home, tmp, read_roots, write_roots = _child_places(layers, private, disk_mb, max_files)
         cgroup = None
-        if layers["pids_cgroup"]:  # with namespaces, a launcher and an init come before the program's processes
-            cgroup = isolation.PidsCgroup(isolation.pids_cgroup_parent()[0], max_processes + 2 * layers["namespaces"])
+        if layers["pids_cgroup"]:  # a launcher (and with namespaces an init) come before the program's processes
+            cgroup = PidsCgroup(pids_cgroup_parent()[0], max_processes + (2 if layers["namespaces"] else 1))
             sandbox["cgroup"] = cgroup.path
         payload = json.dumps({
             "code": code, "tests": [plan.steps for plan in plans], "rlimits": rlimits, "sandbox": sandbox,
@@ -234,8 +235,8 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
                 try:
                     timed_out = not _send_and_wait(process, payload, timeout_s)
                 finally:
-                    if layers["namespaces"] and process.poll() is None:
-                        _end_namespaced_run(process)
+                    if process.poll() is None:
+                        _end_run(process)
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(process.pid, signal.SIGKILL)  # on timeout and on exit: nothing stays behind
                     process.wait()

@@ -136,7 +136,7 @@ def _storage_error(output_dir: Path) -> OSError | None:
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as error:
-        return error
+        return OSError(error.errno, error.strerror, str(output_dir))
     finally:
         try:
             probe.unlink(missing_ok=True)
