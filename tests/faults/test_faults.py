@@ -1,4 +1,4 @@
-"""Every fault of benchmarks/faults.py, injected into a real tiny `rloo train` run (issue #48): the run ends within
+"""Every fault of benchmarks/runs/faults.py, injected into a real tiny `rloo train` run (issue #48): the run ends within
 its deadline, with its exit status and message, no complete checkpoint damaged, the resumable ones resuming to the
 unfaulted run's weights bit for bit, and no process of its tree left behind (found by /proc, from outside).
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "runs"))
 
-import faults  # noqa: E402  (benchmarks/faults.py)
+import faults  # noqa: E402  (benchmarks/runs/faults.py)
 
 FAULTS = {fault.name: fault for fault in faults.faults()}
 
