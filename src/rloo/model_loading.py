@@ -61,7 +61,7 @@ def given_init_kwargs(args: Any, model_is_loaded: bool) -> dict[str, Any]:
         kwargs["dtype"] = getattr(torch, dtype)
     if kwargs.get("dtype") is None:
         kwargs.pop("dtype", None)
-    if getattr(args, "trust_remote_code", False):
+    if args.trust_remote_code:
         kwargs["trust_remote_code"] = True
     if kwargs and model_is_loaded:
         raise ConfigError(f"model_init_kwargs / trust_remote_code ({sorted(kwargs)}) apply when the model is given "

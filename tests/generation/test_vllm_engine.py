@@ -163,7 +163,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
 
 
 def test_trl_style_script_trains_in_a_plain_python_process(tmp_path, engine_setup):
-    """use_vllm=True, the library's default prompt length (512) on a 512-position model, no launcher."""
+    """use_vllm=True with the library's defaults (no prompt truncation) on a 512-position model, no launcher."""
     model, tokenizer, _, _ = engine_setup
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)

@@ -320,8 +320,7 @@ class VLLMSampler(SamplingSettings):
     def prepare(self, model: torch.nn.Module) -> None:
         """Build the engine now (from this thread: vLLM sets signal handlers only in the main thread)."""
         with self._lock:
-            if self.engine is None:
-                self.engine = self._build_engine(model)
+            self.engine = self.engine or self._build_engine(model)
 
     def _build_engine(self, model: torch.nn.Module) -> Engine:
         self.lora_sync = choose_lora_sync(model, self.args)
@@ -364,11 +363,12 @@ class VLLMSampler(SamplingSettings):
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
-               vision: Any = None) -> SampledBatch:
+               vision: Any = None, max_new_tokens: int | None = None) -> SampledBatch:
         """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, groups of K contiguous):
-        each distinct prompt is sent once with its images."""
+        each distinct prompt is sent once with its images. `max_new_tokens`: this call's length limit
+        (`Sampler.sample`), else the configured one."""
         params = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1,
-                      min_p=self.min_p, max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_token_ids),
+                      min_p=self.min_p, max_tokens=max_new_tokens or self.max_new_tokens, stop_token_ids=list(self.eos_token_ids),
                       **self.generation_kwargs)
         if vision is not None:
             firsts = per_prompt_rows(vision, num_generations).rows  # the prompt of each group, in order

@@ -190,8 +190,9 @@ class ForkedCollector:
         try:
             while True:
                 self.received.put(self.results_in.recv())
-        except (EOFError, OSError):  # the child ended
-            pass
+        except (EOFError, OSError):  # the child ended: say so at once, not after async_rollout_timeout (issue #48)
+            self.process.join(timeout=5)
+            self.received.put(("died", self.process.exitcode))
 
     def submit(self, rows: list[dict[str, Any]], global_step: int, episode: int) -> None:
         self.requests.send((rows, global_step, episode))
@@ -203,6 +204,11 @@ class ForkedCollector:
             status, payload = self.received.get(timeout=timeout)
         except queue.Empty:
             raise concurrent.futures.TimeoutError() from None
+        if status == "died":
+            self.received.put((status, payload))  # every later wait ends the same way
+            raise RuntimeError(f"the sampler process (pid {self.process.pid}) died with exit code {payload} before "
+                               f"delivering a rollout (a negative code is the signal that killed it: -9 is SIGKILL, "
+                               f"often the out-of-memory killer); see its output above.")
         self.queued -= 1
         if status == "error":
             raise RuntimeError(f"the sampler process failed while collecting a rollout:\n{payload}")
@@ -235,8 +241,8 @@ class AsyncRollouts:
             collector.sampler.prepare(self.snapshot)
         self.board = WeightBoard(self.snapshot, separate=max_staleness > 1)
         # With tools, the sampler runs its own copy of the multi-turn stage: its environments are its own.
-        multi_turn = None if collector.multi_turn is None else collector.multi_turn.for_sampler()
-        sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True, multi_turn=multi_turn)
+        sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True,
+                                                prompt_stage=collector.prompt_stage.for_sampler())
         if worker == "process":
             self.board.share_memory()
             self.runner: ThreadCollector | ForkedCollector = ForkedCollector(sampler_collector, self.board)
@@ -301,3 +307,26 @@ class AsyncRollouts:
     def close(self) -> None:
         """Stop the sampler (the process is killed; a thread finishes its rollout and ends)."""
         self.runner.close()
+
+
+class AheadOfTheLearner:
+    """The `sources.RolloutSource` of async_rollouts: an `AsyncRollouts` started when train() begins (a fresh copy of
+    the weights, a new thread or process) and stopped when it ends, its queued rollouts dropped."""
+
+    def __init__(self, collector: RolloutCollector, rows_of: Callable[[int], list[dict[str, Any]]], num_rollouts: int,
+                 timeout_s: float, max_staleness: int = 1) -> None:
+        self.collector, self.rows_of, self.num_rollouts = collector, rows_of, num_rollouts
+        self.timeout_s, self.max_staleness = timeout_s, max_staleness
+        self.running: AsyncRollouts | None = None  # while train() runs
+
+    def start(self) -> None:
+        self.running = AsyncRollouts(self.collector, self.timeout_s, self.max_staleness)
+
+    def next(self, rollout_index: int, global_step: int, episode: int) -> tuple[Rollout, Samples, dict[str, float]]:
+        return self.running.next(rollout_index, self.rows_of, global_step, episode, self.num_rollouts)
+
+    def close(self) -> None:
+        if self.running is not None:
+            self.running.discard()
+            self.running.close()
+            self.running = None
