@@ -6,6 +6,7 @@
 #   bash scripts/gpu_lease.sh --dry-run OUTDIR      # here: the same steps on CPU at tiny sizes (no install)
 #   bash scripts/gpu_lease.sh OUTDIR                # on the GPU machine, .gpu_wheels carried: at most 480 s
 #   bash scripts/gpu_lease.sh OUTDIR --long         # a second call if the lease has time left: 16,384 new tokens
+#   bash scripts/gpu_lease.sh OUTDIR --trl          # or: the TRL sections the first call's budget skipped
 #
 # The first call installs the wheels and rloo (no index, no dependencies: the image's torch and transformers stay),
 # then runs, each under its own time limit: benchmarks/gpu/gpu_micro.py (the attribution, <= 150 s), the tests marked
@@ -57,6 +58,14 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 cd "$here"
 
+if [ "$mode" = "--trl" ]; then
+    # TRL's sections the first call's budget skipped, on their own (rloo's figures are in the first call's files).
+    budget=$(( $(left) - 25 ))
+    timeout -k 10 $(( budget + 15 )) python3 benchmarks/gpu/gpu_check.py $tiny --out "$out" --timed-steps 1 \
+        --budget-s "$budget" --sections environment,matmul_peak,speed_trl_cb_512,speed_trl_liger_512,speed_trl_defaults_512
+    echo "gpu_lease: done in $(( $(date +%s) - start )) s"
+    exit 0
+fi
 if [ "$mode" = "--long" ]; then
     # 16,384 new tokens, 1 prompt x K = 8, one step, no warm-up; then 4,096 if time is left.
     budget=$(( $(left) - 25 ))
