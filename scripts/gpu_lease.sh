@@ -85,7 +85,8 @@ echo "pytest exit $? (cuda_tests.log):"; tail -5 "$out/cuda_tests.log"
 
 budget=$(( $(left) - 25 ))
 echo "== gpu_check (${budget} s budget)"
-sections=environment,matmul_peak,tiled_head_fp32,tiled_head_bf16,sampler_same_draws,speed_rloo_512
+sections=environment,matmul_peak,tiled_head_fp32,tiled_head_bf16,lean_activations_fp32,lean_activations_bf16
+sections=$sections,shared_prefix_fp32,shared_prefix_bf16,sampler_same_draws,rloo_step_cuda_vs_cpu,speed_rloo_512
 sections=$sections,speed_trl_ours_512,speed_trl_cb_512,speed_trl_liger_512,speed_trl_defaults_512
 timeout -k 10 $(( budget + 15 )) python3 benchmarks/gpu/gpu_check.py $tiny --out "$out" --timed-steps 1 \
     --budget-s "$budget" --sections "$sections"
