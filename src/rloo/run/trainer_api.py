@@ -29,6 +29,7 @@ from rloo.config import ConfigError
 from rloo.generation.base import Sampler
 from rloo.rewards.reward_model import RewardModel
 from rloo.rewards.trl_names import TrainerStateView
+from rloo.rollout.rollout_func import RolloutGeneration
 from rloo.run import checkpoint
 from rloo.run.run_lock import LOCK_NAME
 
@@ -275,11 +276,10 @@ class TrainerAPI:
         """The attributes TRL's trainer has that scripts and callbacks read: the reference model (None
         when beta is 0 or under LoRA), the reward functions with reward models as their models, each
         one's tokenizer (None for plain functions), their names and weights (a tensor), the tools (the given ones,
-        then each environment class's methods, bound to its first instance), and whether a MoE router loss is added
-        (router_aux_loss_coef)."""
+        then each environment class's methods, bound to its first instance), whether a MoE router loss is added
+        (router_aux_loss_coef), num_generations, and `vllm_generation` (a rollout_func's sampler: RolloutGeneration)."""
         self.ref_model = self.reference
-        self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func
-                             for fn in self.reward_functions]
+        self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func for fn in self.reward_functions]
         self.reward_processing_classes = [fn.func.tokenizer if isinstance(fn.func, RewardModel) else None
                                           for fn in self.reward_functions]
         self.reward_func_names = [fn.name for fn in self.reward_functions]  # an environment's reward: its class name
@@ -289,6 +289,7 @@ class TrainerAPI:
         self.tools = [] if multi_turn is None else multi_turn.listed_tools()
         self.rollout_func = None if multi_turn is None else multi_turn.rollout_func
         self.max_tool_calling_iterations = self.args.max_tool_calling_iterations
+        self.num_generations, self.vllm_generation = self.args.num_generations, RolloutGeneration(self.collector)
         self._logs = trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled at each log
 
     @property
