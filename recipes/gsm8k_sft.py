@@ -24,6 +24,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
@@ -130,10 +131,14 @@ def _common_prefix(sequences: list[list[int]]) -> list[int]:
     return first[:length]
 
 
-def sft_rows(problems: list[dict], with_tools: bool, max_calls: int | None) -> tuple[list[dict], int]:
-    """(rows of prompt and assistant turns, solutions skipped): the recipe's one-shot prompt, and the solution as a
-    tool transcript (with_tools) or with its annotations removed; the same problems in both arms."""
+def sft_rows(problems: list[dict], with_tools: bool, max_calls: int | None,
+             prompt_of: Callable[[str], list[dict]] | None = None) -> tuple[list[dict], int]:
+    """(rows of prompt and assistant turns, solutions skipped): the recipe's prompt (`prompt_of(question)`; GSM8K's
+    one-shot prompt by default), and the solution as a tool transcript (with_tools) or with its annotations removed;
+    the same problems in both arms."""
     from rloo.assets.gsm8k import gsm8k_prompt
+
+    prompt_of = prompt_of or (lambda question: gsm8k_prompt(question, one_shot=True))
 
     rows, skipped = [], 0
     for problem in problems:
@@ -143,12 +148,13 @@ def sft_rows(problems: list[dict], with_tools: bool, max_calls: int | None) -> t
             skipped += 1
             continue
         turns = tool_turns if with_tools else [{"role": "assistant", "content": plain_solution(problem["answer"])}]
-        rows.append({"prompt": gsm8k_prompt(problem["question"], one_shot=True), "turns": turns})
+        rows.append({"prompt": prompt_of(problem["question"]), "turns": turns})
     return rows, skipped
 
 
 def warm_start(model_folder: Path, output: Path, problems: list[dict], with_tools: bool, steps: int, batch_size: int,
-               learning_rate: float, max_calls: int | None, seed: int = 0) -> dict:
+               learning_rate: float, max_calls: int | None, seed: int = 0,
+               prompt_of: Callable[[str], list[dict]] | None = None) -> dict:
     """SFT `model_folder` on the first steps * batch_size usable problems (assistant tokens only in the loss; the
     mean over those tokens), AdamW at a constant learning rate, fp32; saves the model, tokenizer and template."""
     import torch
@@ -162,7 +168,7 @@ def warm_start(model_folder: Path, output: Path, problems: list[dict], with_tool
     model.train()
     tools = tool_schemas([calculator]) if with_tools else None
     end_ids = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
-    rows, skipped = sft_rows(problems[: steps * batch_size * 2], with_tools, max_calls)
+    rows, skipped = sft_rows(problems[: steps * batch_size * 2], with_tools, max_calls, prompt_of)
     rows = rows[: steps * batch_size]
     if len(rows) < steps * batch_size:
         raise ValueError(f"only {len(rows)} usable solutions for {steps} steps of {batch_size}")

@@ -6,6 +6,7 @@
     python recipes/prepare.py smollm2-tools     # the same model with a template that renders tools (gsm8k_tools_cpu)
     python recipes/prepare.py smollm2-sft-tools smollm2-sft-plain --gsm8k-dir DIR   # SFT warm starts (minutes)
     python recipes/prepare.py tldr --gsm8k-dir DIR   # tldr_cpu: posts and a reward model fitted here (minutes)
+    python recipes/prepare.py arithmetic smollm2-arith-sft-tools smollm2-arith-sft-plain   # the tool-learning task
     python recipes/prepare.py gsm8k code smollm2 tldr --gsm8k-dir DIR   # all, offline
 
 --gsm8k-dir DIR reads GSM8K from a folder instead of the Hub, holding either OpenAI's files `train.jsonl`
@@ -85,6 +86,15 @@ def prepare_gsm8k(local_dir: str | None) -> None:
         write_jsonl(DATA / "gsm8k_short_1shot" / f"{split}.jsonl", gsm8k_rows_from(short, one_shot=True))
 
 
+def prepare_arithmetic() -> None:
+    """data/arithmetic: long arithmetic a calculator decides (rloo.assets.arithmetic): train 2,000 problems and
+    test 200 of 1-3 operations, test_hard 200 of 4-5 operations, the same rows on every machine."""
+    from rloo.assets.arithmetic import arithmetic_rows
+
+    for split, count in (("train", 2000), ("test", 200), ("test_hard", 200)):
+        write_jsonl(DATA / "arithmetic" / f"{split}.jsonl", arithmetic_rows(split, count))
+
+
 def calculations(solution: str) -> int:
     """The calculator annotations (<<48/2=24>>) of a GSM8K reference solution: its arithmetic steps."""
     return len(re.findall(r"<<[^>]*>>", solution))
@@ -155,6 +165,25 @@ def prepare_smollm2_tools() -> None:
 
 
 SFT = {"smollm2-sft-tools": True, "smollm2-sft-plain": False}
+ARITHMETIC_SFT = {"smollm2-arith-sft-tools": True, "smollm2-arith-sft-plain": False}
+
+
+def prepare_arithmetic_sft(name: str, steps: int, batch_size: int, learning_rate: float) -> None:
+    """recipes/models/smollm2-135m-instruct-arith-sft-{tools,plain}: SmolLM2-135M-Instruct (tool template) after a
+    deliberately short SFT on the first steps * batch_size arithmetic training problems (a few dozen), as calls
+    (tools) or written inline (plain): it teaches the call format, not the task, so RL has room to improve."""
+    from gsm8k_sft import warm_start
+
+    from rloo.assets.arithmetic import arithmetic_prompt, arithmetic_rows
+
+    source = MODELS / "smollm2-135m-instruct-tools"
+    if not (source / "chat_template.jinja").is_file():
+        prepare_smollm2_tools()
+    output = MODELS / f"smollm2-135m-instruct-{name.removeprefix('smollm2-')}"
+    record = warm_start(source, output, arithmetic_rows("train", 2 * steps * batch_size), ARITHMETIC_SFT[name], steps,
+                        batch_size, learning_rate, max_calls=None, prompt_of=arithmetic_prompt)
+    print(f"{output}: {record['examples']} problems, {record['tool_calls']} calls, loss {record['losses'][0]} -> "
+          f"{record['losses'][-1]}, {record['seconds']} s")
 
 
 def prepare_smollm2_sft(name: str, local_dir: str | None, steps: int, batch_size: int, learning_rate: float,
@@ -181,11 +210,13 @@ def prepare_smollm2_sft(name: str, local_dir: str | None, steps: int, batch_size
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "tldr", "smollm2", "smollm2-tools", *SFT])
+    parser.add_argument("what", nargs="+", choices=["gsm8k", "code", "tldr", "arithmetic", "smollm2", "smollm2-tools", *SFT,
+                                                     *ARITHMETIC_SFT])
     parser.add_argument("--gsm8k-dir", default=None,
                         help="read GSM8K offline from this folder: OpenAI's train.jsonl and test.jsonl, or the "
                              "openai/gsm8k dataset's main/{train,test}-*.parquet files (see above); default: the Hub")
-    parser.add_argument("--sft-steps", type=int, default=24, help="SFT optimizer steps (smollm2-sft-*)")
+    parser.add_argument("--sft-steps", type=int, default=None,
+                        help="SFT optimizer steps (smollm2-sft-*: default 24; smollm2-arith-sft-*: default 8)")
     parser.add_argument("--sft-batch-size", type=int, default=4, help="solutions per SFT step")
     parser.add_argument("--sft-learning-rate", type=float, default=1e-4)
     parser.add_argument("--sft-max-calls", type=int, default=4,
@@ -201,8 +232,12 @@ def main() -> None:
             prepare_tldr(options.gsm8k_dir)
         elif what == "smollm2":
             prepare_smollm2()
+        elif what == "arithmetic":
+            prepare_arithmetic()
+        elif what in ARITHMETIC_SFT:
+            prepare_arithmetic_sft(what, options.sft_steps or 8, options.sft_batch_size, options.sft_learning_rate)
         elif what in SFT:
-            prepare_smollm2_sft(what, options.gsm8k_dir, options.sft_steps, options.sft_batch_size,
+            prepare_smollm2_sft(what, options.gsm8k_dir, options.sft_steps or 24, options.sft_batch_size,
                                 options.sft_learning_rate, options.sft_max_calls)
         else:
             prepare_smollm2_tools()

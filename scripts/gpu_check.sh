@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh OUTDIR [ARGS]    # on the GPU machine, with .gpu_wheels/ carried along
 #
 # On the GPU machine it installs rloo with --no-deps onto the image's torch, transformers and accelerate,
-# plus the carried wheels (TRL, datasets), into a folder of its own, then runs benchmarks/gpu_check.py
+# plus the carried wheels (TRL, datasets), into a folder of its own, then runs benchmarks/gpu/gpu_check.py
 # (ARGS go to it) under a hard time limit. OUTDIR receives gpu_check.json, gpu_check.md, gpu_check.log
 # and install.log.
 set -uo pipefail
@@ -48,5 +48,5 @@ cd "$here"
 # 7.5 minutes for the python part (its own budget is 420 s: it starts no section it cannot finish by then),
 # then TERM, then KILL: with the install, under the 8 minutes the check is sized for. RLOO_GPU_CHECK_LIMIT_S
 # raises the hard limit for a call given a larger --budget-s (a device command may run 600 s).
-timeout -k 20 "${RLOO_GPU_CHECK_LIMIT_S:-450}" python3 benchmarks/gpu_check.py --out "$out" "$@" 2>&1 | tee "$out/gpu_check.log"
+timeout -k 20 "${RLOO_GPU_CHECK_LIMIT_S:-450}" python3 benchmarks/gpu/gpu_check.py --out "$out" "$@" 2>&1 | tee "$out/gpu_check.log"
 exit "${PIPESTATUS[0]}"

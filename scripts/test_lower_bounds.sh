@@ -5,7 +5,7 @@
 # scripts/lower-bounds-requirements.txt>. rloo itself comes from this checkout (PYTHONPATH), as
 # `pip install --no-deps` puts it onto a machine's own torch and transformers. torch is the CPU 2.13
 # wheel: PyPI's Linux torch 2.11 is a CUDA build of gigabytes, so torch 2.11 is exercised by
-# benchmarks/gpu_check.py on the GPU machine instead (docs/benchmarks.md). Extra arguments go to pytest.
+# benchmarks/gpu/gpu_check.py on the GPU machine instead (docs/benchmarks.md). Extra arguments go to pytest.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 reqs="$here/scripts/lower-bounds-requirements.txt"

@@ -21,6 +21,16 @@ torch.set_num_threads(1)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` skip on a machine without a CUDA device (CI); scripts/gpu_lease.sh runs them."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run by scripts/gpu_lease.sh)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_char_tokenizer()
@@ -90,3 +100,9 @@ def torchrun(script, *script_args, use_cpu: bool = True) -> subprocess.Completed
          str(script), *map(str, script_args)],
         capture_output=True, text=True, timeout=600, env=env,
     )
+
+
+def pytest_configure(config):
+    # Run by default (the README's command runs them); `-m "not slow"` leaves them out for a quick pass.
+    config.addinivalue_line("markers", "slow: runs for tens of seconds or more (the sandbox's location and layer "
+                                       "matrices); deselect with -m 'not slow'")

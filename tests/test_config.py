@@ -149,9 +149,9 @@ def test_the_algorithms_choices_are_declared_once():
     from rloo.algo import advantages, choices, kl, loss, off_policy
 
     # The checks and the math modules read the same tuples (identity, not equal copies).
-    assert config_checks.ADVANTAGE_ESTIMATORS is advantages.ADVANTAGE_ESTIMATORS is choices.ADVANTAGE_ESTIMATORS
-    assert config_checks.KL_PENALTIES is kl.KL_PENALTIES is choices.KL_PENALTIES
-    assert config_checks.KL_ESTIMATORS is kl.KL_ESTIMATORS is choices.KL_ESTIMATORS
-    assert config_checks.LOSS_AGG_MODES is loss.LOSS_AGG_MODES is choices.LOSS_AGG_MODES
+    assert config_checks.algo is choices  # the checks read algo/choices.py's tuples by module
+    assert advantages.ADVANTAGE_ESTIMATORS is choices.ADVANTAGE_ESTIMATORS
+    assert kl.KL_PENALTIES is choices.KL_PENALTIES and kl.KL_ESTIMATORS is choices.KL_ESTIMATORS
+    assert loss.LOSS_AGG_MODES is choices.LOSS_AGG_MODES
     assert off_policy.IMPORTANCE_SAMPLING_LEVELS is choices.IMPORTANCE_SAMPLING_LEVELS
     assert off_policy.SAMPLER_CORRECTION_MODES is choices.SAMPLER_CORRECTION_MODES

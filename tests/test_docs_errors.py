@@ -229,6 +229,32 @@ def _(tmp_path):
     return reward_error("length_penalty:4")
 
 
+def sandbox_error(layers: dict[str, bool]) -> str:
+    """run_tests's refusal on a machine with only `layers` (simulated), nothing accepted by name."""
+    import os
+    from unittest import mock
+
+    from rloo.rewards import isolation
+    from rloo.rewards.sandbox import run_tests
+
+    names = (isolation.ALLOW_UNISOLATED_ENV, isolation.ALLOW_MISSING_ENV, isolation.DISABLE_ENV)
+    with mock.patch.object(isolation, "isolation_layers", lambda: layers), \
+            mock.patch.object(isolation, "probe_namespaces", lambda: (None, "unshare: Operation not permitted")), \
+            mock.patch.object(isolation, "_allowed_missing", frozenset()), \
+            mock.patch.dict(os.environ, {name: "" for name in names}):
+        return raised(lambda: run_tests("x = 1", ["assert x == 1"]))
+
+
+@case("sandbox_without_namespaces")
+def _(tmp_path):
+    return sandbox_error({"namespaces": False, "landlock": True, "pids_cgroup": True})
+
+
+@case("sandbox_without_any_layer")
+def _(tmp_path):
+    return sandbox_error({"namespaces": False, "landlock": False, "pids_cgroup": False})
+
+
 def load_error(name: str, split: str = "train") -> str:
     from rloo.data.loading import load_prompt_dataset
 
@@ -408,12 +434,11 @@ def _(tmp_path):
 
 def multi_turn_error(tmp_path: Path, tools: list | None, environment_factory=None, **config) -> str:
     """build_multi_turn's refusal of a rollout_func beside other options (checked before anything runs)."""
-    from types import SimpleNamespace
 
     from rloo.builders import build_multi_turn
 
-    trainer = SimpleNamespace(args=RLOOConfig(output_dir=str(tmp_path), **config), tokenizer=None, sampler=None)
-    return raised(lambda: build_multi_turn(trainer, tools, environment_factory, lambda prompts, trainer: {}))
+    args = RLOOConfig(output_dir=str(tmp_path), **config)
+    return raised(lambda: build_multi_turn(args, None, None, tools, environment_factory, lambda prompts, trainer: {}))
 
 
 @case("rollout_func_with_tools")

@@ -7,9 +7,8 @@ special tokens at their real ids; the two Qwen3 causal LMs, whose tool tests scr
 real tokenizer and tool template instead (qwen_tokenizer.py). The prompt data set is built from the Zen of Python (the `this`
 module), split 17 train / 2 test as the Hub copy is.
 
-`build_hub_cache(root)` writes everything in the Hugging Face cache layout under `root/hub`
-(`models--org--name/snapshots/<rev>/...`) and the data set as parquet files under `root/datasets`;
-`hub_redirect.py` points transformers and datasets at them.
+`hub_cache.build_hub_cache(root)` writes these and the VLM stand-ins (vlm_standins.py, which builds on this
+module) in the Hugging Face cache layout; `hub_redirect.py` points transformers and datasets at them.
 """
 
 from __future__ import annotations
@@ -281,40 +280,3 @@ def zen_datasets() -> dict[str, dict[str, Dataset]]:
         split = data.train_test_split(test_size=0.1, shuffle=False)
         out[name] = {"train": split["train"], "test": split["test"]}
     return out
-
-
-def build_hub_cache(root: Path) -> Path:
-    """Build every stand-in under `root` (once per BUILD_VERSION) and return `root`."""
-    marker = root / f"built-{BUILD_VERSION}"
-    if marker.exists():
-        return root
-    for standin in STANDINS:
-        repo = root / "hub" / f"models--{ORG}--{standin.name}"
-        build_model(standin, repo / "snapshots" / REVISION)
-        (repo / "refs").mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / "main").write_text(REVISION)
-    from vlm_standins import VLM_STANDINS, build_vlm, buildable, zen_image_datasets
-
-    for standin in VLM_STANDINS:
-        if not buildable(standin):  # its test then fails to load it, under TRL and rloo alike
-            print(f"stand-in {standin.name} not built: its processor needs {', '.join(standin.needs)}")
-            continue
-        repo = root / "hub" / f"models--{ORG}--{standin.name}"
-        build_vlm(standin, repo / "snapshots" / REVISION)
-        (repo / "refs").mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / "main").write_text(REVISION)
-    data_sets = {"zen": zen_datasets(), **zen_image_datasets(zen_prompts())}
-    for repo_name, configs in data_sets.items():
-        for config_name, splits in configs.items():
-            for split, data in splits.items():
-                path = root / "datasets" / repo_name / config_name / f"{split}.parquet"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                data.to_parquet(str(path))
-    marker.write_text("ok\n")
-    return root
-
-
-if __name__ == "__main__":
-    import sys
-
-    print(build_hub_cache(Path(sys.argv[1])))

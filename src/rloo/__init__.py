@@ -7,7 +7,6 @@ script helpers TRL exports (`TrlParser`, `ScriptArguments`, `ModelConfig`, `get_
 """
 
 from rloo._version import __version__
-from rloo.compat.config_fields import install_trl_fields
 from rloo.compat.script_parser import TrlParser
 from rloo.compat.scripts import (
     DatasetMixtureConfig,
@@ -18,12 +17,9 @@ from rloo.compat.scripts import (
     get_peft_config,
     get_quantization_config,
 )
-from rloo.config import ConfigError, RLOOConfig
+from rloo.compat.trl_config import RLOOConfig  # rloo.config's, taking TRL's names too
+from rloo.config import ConfigError
 from rloo.trainer import RLOOTrainer
-
-# TRL's field names on the config, honoured, mapped or refused by name (compat/config_fields.py): the TRL
-# layer attaches here, at the door, so that the core's config module imports nothing from it.
-install_trl_fields(RLOOConfig)
 
 __all__ = ["__version__", "RLOOConfig", "RLOOTrainer", "ConfigError", "TrlParser", "ScriptArguments", "ModelConfig",
            "DatasetMixtureConfig", "get_dataset", "get_peft_config", "get_quantization_config", "get_kbit_device_map"]

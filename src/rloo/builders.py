@@ -5,6 +5,7 @@ schedule, run length and the default sampler. Each builder takes the config and 
 from __future__ import annotations
 
 import copy
+import datetime
 import inspect
 import math
 from typing import Any, Sequence
@@ -15,16 +16,15 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, get_scheduler
 
 from rloo import model_loading
 from rloo.config import ConfigError, RLOOConfig
-from rloo.data.images import ImagePromptEncoder, image_column, image_token_id, is_processor, language_model_only
+from rloo.data.images import image_column, is_processor, language_model_only
 from rloo.data.schedule import PromptSchedule
 from rloo.distributed import accelerate_internals, deepspeed_setup, sharding
 from rloo.distributed.launch import check_launch
 from rloo.distributed.sharding import check_supported
 from rloo.generation import FastSampler, GenerateSampler, Sampler
-from rloo.generation.fast import refuse_3d_positions
 from rloo.generation.options import sampler_options
-from rloo.passes import mrope
 from rloo.passes.lean_activations import lean_activations
+from rloo.rewards import isolation
 from rloo.rewards.scoring import TRAINER_ARGUMENTS, RewardFunction, build_reward_functions
 from rloo.rollout.multi_turn import MultiTurnRollout, environment_reward_function
 from rloo.run.trackers import accelerate_log_with
@@ -61,8 +61,18 @@ def _accelerator(args: RLOOConfig) -> Accelerator:
         # Where an optimizer step ends: DeepSpeed reads its accumulation from here, and
         # `update.Learner` sets `sync_gradients` per micro-batch.
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        kwargs_handlers=deepspeed_setup.process_group_kwargs(args),  # DeepSpeed on CPU processes: gloo
+        kwargs_handlers=_process_group_kwargs(args),
     )
+
+
+def _process_group_kwargs(args: RLOOConfig) -> list:
+    """The process group's set-up: DeepSpeed's backend on CPU processes, and every collective's deadline."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    handlers = deepspeed_setup.process_group_kwargs(args) or [InitProcessGroupKwargs()]
+    for handler in handlers:
+        handler.timeout = datetime.timedelta(seconds=args.ddp_timeout)
+    return handlers
 
 
 def use_bf16(args: RLOOConfig) -> bool:
@@ -230,6 +240,13 @@ def prepare_for_training(acc: Accelerator, policy: torch.nn.Module, optimizers: 
     return acc.prepare(policy, optimizer, scheduler)
 
 
+def build_schedule(args: RLOOConfig, num_rows: int, num_processes: int) -> tuple[PromptSchedule, int, int]:
+    """(which rows each rollout takes on each process, the run's rollouts, its optimizer steps)."""
+    schedule = PromptSchedule(num_rows=num_rows, prompts_per_process=args.prompts_per_rollout,
+                              num_processes=num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
+    return schedule, *run_length(args, schedule, num_processes)
+
+
 def run_length(args: RLOOConfig, schedule: PromptSchedule, num_processes: int) -> tuple[int, int]:
     """(rollouts, optimizer steps) from max_steps, total_episodes or num_train_epochs, in that order."""
     per_rollout = args.steps_per_rollout
@@ -289,6 +306,8 @@ def build_rewards(args: RLOOConfig, reward_funcs: Any, reward_processing_classes
     With environments, each environment class with a `get_reward` adds a reward function named after it,
     weight 1, after the given ones (as TRL does), and reward functions may ask for `environments`. With a
     rollout_func, whose extra fields are known only once it runs, the arguments are not checked up front."""
+    isolation.check_for_run(reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs],
+                            args.sandbox_allow_missing)  # a code reward on a machine that cannot isolate it: refused now
     functions = build_reward_functions(reward_funcs or [], reward_processing_classes, device,
                                        model_loading.model_init_kwargs(args))
     available = set(TRAINER_ARGUMENTS) | (set(column_names) - {"prompt"})
@@ -332,12 +351,13 @@ def check_run_options(args: RLOOConfig, accelerator: Accelerator, reference: tor
                           "ZeRO-2, or leave sync_ref_model False.")
 
 
-def build_multi_turn(trainer: Any, tools: Sequence[Any] | None, environment_factory: Any,
-                     rollout_func: Any) -> MultiTurnRollout | None:
-    """The trainer's multi-turn rollout stage when tools, an environment_factory (a callable, or a dict of them
-    chosen by each row's `environment` column) or a rollout_func is given; None for single completions. The
-    trainer is what rollout_func receives as its second argument, as in TRL."""
-    args, tokenizer, sampler = trainer.args, trainer.tokenizer, trainer.sampler
+def build_multi_turn(args: RLOOConfig, tokenizer: Any, sampler: Any, tools: Sequence[Any] | None,
+                     environment_factory: Any, rollout_func: Any, trainer: Any = None,
+                     event_loop: Any = None) -> MultiTurnRollout | None:
+    """The multi-turn rollout stage when tools, an environment_factory (a callable, or a dict of them chosen by
+    each row's `environment` column) or a rollout_func is given; None for single completions. It ends turns where
+    `sampler` does. `trainer` is only handed to rollout_func, as its second argument (as in TRL); `event_loop` (the
+    run's, `rloo.event_loop`) runs async tools."""
     if not tools and environment_factory is None and rollout_func is None:
         return None
     if rollout_func is not None and (tools or environment_factory is not None):
@@ -354,36 +374,5 @@ def build_multi_turn(trainer: Any, tools: Sequence[Any] | None, environment_fact
     return MultiTurnRollout(tokenizer, args.max_completion_length, args.max_prompt_length, args.chat_template_kwargs,
                             end_ids, tools=list(tools or []), environment_factories=factories, rollout_func=rollout_func,
                             max_tool_calling_iterations=args.max_tool_calling_iterations,
-                            tool_call_timeout=args.tool_call_timeout, trainer=trainer)
+                            tool_call_timeout=args.tool_call_timeout, trainer=trainer, event_loop=event_loop)
 
-
-def image_encoder(trainer: Any, processing_class: Any, policy: torch.nn.Module) -> ImagePromptEncoder | None:
-    """The stage that renders rows with images through the processor (`data.images`); None for a text dataset.
-    Refuses, by name, what the image path does not take: a tokenizer instead of a processor, a sampler other
-    than `fast`, `generate` and `vllm` (and `fast`, or shared_prefix_forward, for a model with 3-D positions not
-    verified here), and multi-turn rollouts (docs/vision.md)."""
-    args, sampler, multi_turn = trainer.args, trainer.sampler, trainer.multi_turn
-    column = image_column(trainer.train_dataset.column_names)
-    if column is None:
-        return None
-    if not is_processor(processing_class):
-        raise ConfigError(f"train_dataset has an {column!r} column, so the prompts carry images, and processing_class "
-                          f"is {type(processing_class).__name__}, not a multimodal processor. Pass the model's "
-                          f"processor: RLOOTrainer(processing_class=AutoProcessor.from_pretrained(model_id)).")
-    if not (isinstance(sampler, (FastSampler, GenerateSampler)) or args.sampler == "vllm"):
-        raise ConfigError(f"prompts with images are sampled by sampler='fast' (the default), 'generate' or 'vllm' only; "
-                          f"the {args.sampler!r} sampler ({type(sampler).__name__}) does not take image inputs. Set "
-                          f"sampler='fast' or 'generate' (docs/vision.md lists what each sampler supports).")
-    if isinstance(sampler, FastSampler):
-        refuse_3d_positions(policy)  # 3-D positions not verified (mrope.VERIFIED_MODEL_TYPES): sampler='generate'
-    if multi_turn is not None:
-        raise ConfigError("prompts with images do not run with tools, environments or a rollout_func yet; drop the "
-                          f"{column!r} column or the multi-turn arguments.")
-    if args.shared_prefix_forward and not mrope.positions_verified(policy):  # not in mrope.VERIFIED_MODEL_TYPES
-        raise ConfigError(f"shared_prefix_forward=True with images on {type(policy).__name__} (model_type "
-                          f"{mrope.model_type(policy)!r}): the shared-prefix pass gives the completion tokens their 3-D "
-                          f"rotary positions (mrope) itself, which is verified for {', '.join(mrope.VERIFIED_MODEL_TYPES)} "
-                          f"only; set shared_prefix_forward=False for this model (docs/vision.md).")
-    return ImagePromptEncoder(processing_class, column, args.max_prompt_length,
-                              image_token_id(policy.config, processing_class), dict(args.chat_template_kwargs or {}),
-                              trainer.accelerator.device)

@@ -11,14 +11,15 @@ With `num_mini_batches` M > 1 (TRL v0 style) that product is ONE MINI-BATCH: eac
 and spends them in M optimizer steps, `num_iterations` times over: a rollout is
 `steps_per_rollout = num_iterations * M` optimizer steps.
 
-The module is the dataclass with a docstring under every field (a little over 400 lines, kept whole
+The module is the dataclass with a docstring under every field (over 500 lines, kept whole
 so that one file documents every option); the checks live in `config_checks`.
 
 The config fails loudly on bad values and never rewrites what the user gave. The names that
 TRL v0 and the seed scripts use (`kl_coef`, `rloo_k`, `cliprange`, `num_ppo_epochs`,
-`response_length`) are keyword aliases of the canonical fields, and TRL's other field names are honoured,
-mapped or refused by name: both are installed on the class at the public door (`rloo/__init__.py`, from
-`compat/config_fields.install_trl_fields`), so this module imports nothing from the TRL layer.
+`response_length`) are keyword aliases of the canonical fields, and TRL's other field names are mapped onto
+fields or refused by name: both belong to `rloo.RLOOConfig` (compat/trl_config.py), a subclass that adds no
+field, so this module imports nothing from the TRL layer. Every option the rest of rloo reads is a field here
+(tests/test_architecture.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import functools
 import inspect
 import logging
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rloo.config_checks import ConfigError, validate
@@ -56,8 +57,11 @@ class RLOOConfig:
     """Keyword arguments for `from_pretrained` of every model given by name, as TRL names them:
     dtype ("auto", "bfloat16", "float16", "float32"; default "auto": the checkpoint's dtype),
     attn_implementation, revision, trust_remote_code (default False), quantization_config (a
-    BitsAndBytesConfig or its dict, for QLoRA with a peft_config; needs a CUDA GPU). Ignored for models
-    passed already loaded."""
+    BitsAndBytesConfig or its dict, for QLoRA with a peft_config; or TRL's load_in_4bit / load_in_8bit:
+    bitsandbytes >= 0.49, the `quantization` extra, on CUDA or CPU). Ignored for models passed already loaded."""
+    trust_remote_code: bool = False
+    """Let `from_pretrained` run the modelling code of a model, tokenizer or processor given by name (TRL's name;
+    model_init_kwargs' own trust_remote_code does the same for the models). Only for repositories you trust."""
     output_dir: str = "outputs/rloo"
     """Directory for metrics.jsonl, checkpoints and the final model and tokenizer."""
     seed: int = 42
@@ -76,6 +80,9 @@ class RLOOConfig:
     """Peak learning rate of AdamW."""
     lr_scheduler_type: str = "linear"
     """Learning-rate schedule after warm-up, a transformers scheduler name (linear, cosine, constant, ...)."""
+    lr_scheduler_kwargs: dict[str, Any] | None = None
+    """Extra arguments of the schedule, passed to transformers' `get_scheduler` (TRL's name), e.g.
+    {"min_lr_rate": 0.1}; lr_scheduler_type="cosine_with_min_lr" needs "min_lr" or "min_lr_rate"."""
     warmup_ratio: float = 0.0
     """Fraction of the optimizer steps spent warming the learning rate up linearly. Exclusive with warmup_steps."""
     warmup_steps: int = 0
@@ -115,7 +122,7 @@ class RLOOConfig:
     copies of its KV cache (kept in the autograd graph): the same log-probs and gradients as running
     every row whole. Pays where the decoder dominates, most on long prompts (3.6x at prompt 512 /
     completion 64, 5.3x at 1024 / 32 on CPU; about even where a large LM head dominates:
-    benchmarks/shared_prefix.py, docs/algorithm.md). Needs a model whose KV cache holds attention
+    benchmarks/speed/shared_prefix.py, docs/algorithm.md). Needs a model whose KV cache holds attention
     keys (full or sliding-window layers; not linear attention, and a sliding window under eager or sdpa
     attention, not flash attention's kernel); with gradient_checkpointing, the decoder layers of both the
     prompts' and the completions' pass are recomputed. With images in the prompts, each prompt's images
@@ -145,13 +152,19 @@ class RLOOConfig:
     generates that times num_mini_batches completions; their advantages are computed together and
     the mini-batches are taken in order (groups contiguous). Above 1 every step after the first is
     off-policy and uses the clipped ratio. TRL v0: num_mini_batches."""
+    pad_to_multiple_of: int | str | None = "auto"
+    """Training only, speed not loss: each micro-batch keeps as much of its padding as makes its prompt +
+    completion width a multiple of this (as far as the rollout is wide). "auto" or None (TRL's default is
+    "auto"): trim all the padding the micro-batch's rows share."""
 
     # --- sampling ---
-    max_prompt_length: int = 512
-    """Most tokens of a prompt (after the chat template); what happens to longer ones is truncate_prompts."""
+    max_prompt_length: int | None = None
+    """Most tokens of a prompt (after the chat template). None (the default, as TRL's RLOOConfig, which has no
+    such field): prompts are never truncated. Setting it opts in: what happens to longer prompts is
+    truncate_prompts."""
     truncate_prompts: str = "left"
-    """What to do with prompts longer than max_prompt_length: "left" truncates them from the left,
-    keeping their end, with one warning that counts them; "error" stops with the row and its length."""
+    """With max_prompt_length set, what to do with longer prompts: "left" truncates them from the left, keeping
+    their end, with one warning that counts them; "error" stops with the row and its length."""
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra arguments for the tokenizer's chat template when rendering conversational prompts,
     e.g. {"enable_thinking": false} for Qwen3."""
@@ -169,6 +182,19 @@ class RLOOConfig:
     top_k: int = 0
     """Sample only among the top_k most likely tokens; 0 disables. Like top_p, only the sampler
     filters: the trainer's log-probs come from the unfiltered distribution (docs/algorithm.md)."""
+    min_p: float | None = None
+    """Min-p sampling, honoured by every sampler: tokens less likely than min_p times the most likely one are not
+    sampled; None or 0 disables. Like top_p, only the sampler filters (TRL's name)."""
+    repetition_penalty: float = 1.0
+    """transformers' repetition penalty (1.0 disables, TRL's name). Only an engine honours it: the samplers
+    "generate", "paged" and "vllm" take it, "fast" refuses a value other than 1.0 by name."""
+    generation_kwargs: dict[str, Any] | None = None
+    """Extra keyword arguments of the sampling engine, as TRL passes them: transformers' `generate` /
+    `GenerationConfig` (sampler "generate", "paged") or vLLM's `SamplingParams` ("vllm"). A key that is a field
+    here (temperature, top_p, top_k, stop_strings; max_new_tokens is max_completion_length) must equal that
+    field; min_p wins over the field and do_sample (True only) is honoured by every sampler; the keys rloo sets
+    itself (eos_token_id, pad_token_id, num_return_sequences, max_length, n, max_tokens) are refused; any
+    other key needs an engine (the fast sampler refuses it by name)."""
     sampler: str = "fast"
     """Sampling backend: "fast" prefills each prompt once, shares its KV cache across its K samples
     and decodes in a lean loop (rloo.decoding.FastSampler); "generate" calls Hugging Face
@@ -224,6 +250,20 @@ class RLOOConfig:
     loss_agg_mode). 0 (default) keeps entropy a logged metric and computes it without grad."""
     reward_weights: list[float] | None = None
     """Weight of each reward function in the summed score, in the order given; None weighs all 1."""
+    router_aux_loss_coef: float | None = None
+    """For mixture-of-experts models (their config has output_router_logits): the router's load-balancing loss,
+    times this weight, joins the loss and is logged as aux_loss. None or 0 adds none (TRL reads its default None as
+    the model config's own coefficient: rloo adds it only when asked); dense models ignore it (TRL's name)."""
+
+    # --- the reference model ---
+    sync_ref_model: bool = False
+    """TR-DPO: every ref_model_sync_steps optimizer steps the reference becomes (1 - ref_model_mixup_alpha) *
+    reference + ref_model_mixup_alpha * policy. Needs a reference copy (beta > 0, no peft_config); not under
+    DeepSpeed ZeRO-3 (TRL's name)."""
+    ref_model_sync_steps: int = 512
+    """With sync_ref_model: optimizer steps between reference syncs."""
+    ref_model_mixup_alpha: float = 0.6
+    """With sync_ref_model: the policy's weight in the mix, in [0, 1]."""
 
     # --- reward shaping (applied in this order, before the KL and the baseline) ---
     missing_eos_penalty: float | None = None
@@ -276,6 +316,9 @@ class RLOOConfig:
     level and hides every bar, downloads' too. On the command line: `--log_level info`."""
     save_steps: int = 500
     """Save a resumable checkpoint every this many optimizer steps; 0 disables periodic checkpoints."""
+    save_strategy: str = "steps"
+    """TRL's name: "steps" checkpoints every save_steps and train() writes the final model into output_dir; "no"
+    writes neither (save_steps must then be 0; TRL's scripts call save_model themselves)."""
     save_total_limit: int | None = None
     """Keep at most this many checkpoints, deleting the oldest; None keeps all."""
     save_only_model: bool = False
@@ -292,6 +335,34 @@ class RLOOConfig:
     # --- eval ---
     num_generations_eval: int | None = None
     """Completions sampled per eval prompt (TRL's name), the n of eval/pass@k; None uses num_generations."""
+    per_device_eval_batch_size: int | None = None
+    """Completions sampled together in evaluation (whole groups of num_generations_eval, at least one group);
+    None (TRL: 8): a training step's prompts at a time (TRL's name)."""
+
+    # --- data loading: TRL's DataLoader options, read by get_train_dataloader() / get_eval_dataloader() ---
+    dataloader_num_workers: int = 0
+    """Workers of the loaders that `get_train_dataloader()` and `get_eval_dataloader()` return to scripts; the
+    training loop reads prompts by its seeded schedule (data/schedule.py) and starts no workers (TRL's name). A
+    streamed train set sets it to 0 with a warning, as TRL does."""
+    accelerator_config: dict[str, Any] | None = None
+    """TRL's accelerator_config (a mapping or transformers' `AcceleratorConfig`), of which rloo takes only the
+    DataLoader options (dispatch_batches, even_batches, use_seedable_sampler, non_blocking): rloo has no
+    DataLoader for them to change, and a streamed train set needs dispatch_batches unset or False. Other keys
+    (distributed set-up) are refused: they belong in an accelerate config."""
+
+    # --- the Hub: read by trainer.push_to_hub(), which is the only thing that pushes ---
+    push_to_hub: bool = False
+    """TRL's name, read by scripts (TRL's call trainer.push_to_hub() at the end when it is set); rloo's train()
+    never pushes by itself."""
+    hub_model_id: str | None = None
+    """The repository trainer.push_to_hub() uploads to; None: the output directory's name."""
+    hub_token: str | None = field(default=None, repr=False)
+    """The token trainer.push_to_hub() uses; None: huggingface_hub's own (`hf auth login`, $HF_TOKEN). Never
+    written to disk or to trackers: to_dict() shows it as "<HUB_TOKEN>", as transformers does."""
+    hub_private_repo: bool | None = None
+    """Create the repository private (None: the Hub's default for your account)."""
+    hub_revision: str | None = None
+    """The branch trainer.push_to_hub() pushes to; None: the default branch."""
 
     # --- scale-out: launching, generation engines, sampler/trainer mismatch ---
     # TRL's option names. See docs/launching.md for the launch lines and what is verified where.
@@ -319,6 +390,13 @@ class RLOOConfig:
     vllm_enable_sleep_mode: bool = False
     """Colocate mode: put the engine to sleep (weights and KV cache off the GPU) between generations
     and wake it before the next, so training gets the memory back. GPU only: refused on vLLM's CPU engine."""
+    vllm_lora_sync: str = "adapters"
+    """With a LoRA policy (peft_config): what reaches the vLLM engine after each optimizer step. "adapters" (the
+    default): the adapter tensors alone, as a new adapter version the engine (started with enable_lora) samples
+    with; the base weights go once, at start-up. "merged": the adapters merged into the base weights and every
+    base weight pushed (rloo's earlier behaviour). Adapters vLLM does not serve (DoRA, modules_to_save,
+    lora_target_parameters, LoRA bias) and a server started without --enable_lora fall back to "merged" with one
+    logged line saying why (generation/vllm_lora.py; costs measured in docs/launching.md)."""
     vllm_server_base_url: str | None = None
     """Server mode: the server's URL (e.g. "http://host:8000"); when unset, host and port are used. A token for a
     server started with one comes from the RLOO_VLLM_TOKEN environment variable, never from the config, which is
@@ -402,6 +480,27 @@ class RLOOConfig:
     the function, step and sample; the last checkpoint is kept) or "none" (the completions it raised on
     are scored None by that function, a warning names the count, and `rewards/<name>/errors` logs it)."""
 
+    # --- code sandbox (rloo.rewards.isolation; issue #51) ---
+    sandbox_allow_missing: list[str] | None = None
+    """Code sandbox layers ("namespaces", "landlock", "pids_cgroup") the run accepts running without where this
+    machine cannot set them up. By default it fails closed: when the namespaces layer cannot start, a run with a
+    code reward (code_execution) is refused at start with the reason and the fix; ["namespaces"] runs it with
+    the weaker layers left (docs/rewards.md's table says what each combination stops). The environment variable
+    RLOO_SANDBOX_ALLOW_MISSING=namespaces does the same."""
+
+    # --- fault deadlines (issue #48; docs/errors.md, "Faults") ---
+    reward_timeout: float | None = None
+    """Seconds one reward function may take on one batch before the run treats it as hung. None (the default)
+    waits as long as it takes, as TRL does (TRL has no such deadline). A hung call is abandoned (a plain function's
+    thread cannot be stopped and finishes in the background) and handled by reward_error_policy: "stop" ends the
+    run with a RewardError naming the function, step and batch size; "none" scores that function None on the
+    whole batch and counts it in `rewards/<name>/errors`."""
+    ddp_timeout: float = 300.0
+    """Seconds a process waits in a collective (all-reduce, barrier) for the others before raising, so that when one
+    process of a distributed run dies or stalls the others end instead of waiting (TRL's / transformers' name;
+    their default is 1800, half an hour; rloo's is 5 minutes). Raise it when one process legitimately works alone
+    longer, e.g. saving a large checkpoint to slow storage."""
+
     def __post_init__(self) -> None:
         validate(self)
 
@@ -432,7 +531,16 @@ class RLOOConfig:
         return self.num_iterations * self.num_mini_batches
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as a dict (rloo_config.json, trackers, the model card, `rloo report`), the Hub token hidden and
+        a transformers AcceleratorConfig (rloo.RLOOConfig's form of accelerator_config) as the options it changes."""
+        values = dataclasses.asdict(self)
+        if values["hub_token"] is not None:
+            values["hub_token"] = "<HUB_TOKEN>"
+        options = self.accelerator_config
+        if options is not None and not isinstance(options, dict):
+            defaults = vars(type(options)())
+            values["accelerator_config"] = {k: v for k, v in vars(options).items() if v != defaults.get(k)} or None
+        return values
 
 
 def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:
@@ -454,7 +562,9 @@ def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def field_docs(cls: type = RLOOConfig) -> dict[str, str]:
-    """The docstring written under each dataclass field, read from the source (for --help)."""
+    """The docstring written under each dataclass field, read from the source (for --help); a subclass that
+    declares no fields of its own (rloo.RLOOConfig, compat/trl_config.py) has its dataclass's."""
+    cls = next(c for c in cls.__mro__ if "__dataclass_fields__" in vars(c))
     tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.getmodule(cls))))
     class_node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
     docs: dict[str, str] = {}

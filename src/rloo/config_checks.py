@@ -1,8 +1,8 @@
 """Checks of an RLOOConfig, run at construction: every message names the field and the fix.
 
 `validate` runs them in groups (batch sizes, optimizer, generation, algorithm, run and outputs,
-scale-out); `check_field_types` is the type rule (text is parsed only when it comes from a
-command-line flag; quoted YAML text is refused as in Python).
+scale-out); `check_field_types` applies the type rule of field_types.py (text is parsed only when it comes
+from a command-line flag; quoted YAML text is refused as in Python).
 """
 
 from __future__ import annotations
@@ -12,19 +12,10 @@ import importlib.util
 import logging
 import math
 import os
-import types
-import typing
 from typing import TYPE_CHECKING, Any
 
-from rloo.algo.choices import (
-    ADVANTAGE_ESTIMATORS,
-    IMPORTANCE_SAMPLING_LEVELS,
-    KL_ESTIMATORS,
-    KL_PENALTIES,
-    LOSS_AGG_MODES,
-    SAMPLER_CORRECTION_MODES,
-)
-from rloo.run.trackers import check_report_to
+from rloo.algo import choices as algo
+from rloo.field_types import field_type_problem
 
 if TYPE_CHECKING:  # annotations only: the config imports this module
     from rloo.config import RLOOConfig
@@ -37,25 +28,26 @@ class ConfigError(ValueError):
 
 
 # The config's other choices (the algorithm's are in algo/choices.py).
-LR_SCHEDULERS = (
-    "linear",
-    "cosine",
-    "cosine_with_restarts",
-    "polynomial",
-    "constant",
-    "constant_with_warmup",
-    "inverse_sqrt",
-    "cosine_with_min_lr",  # needs lr_scheduler_kwargs={"min_lr": ...} or {"min_lr_rate": ...} (TRL's name)
-)
+LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                 "inverse_sqrt", "cosine_with_min_lr")  # the last needs lr_scheduler_kwargs' min_lr or min_lr_rate
 OPTIMIZERS = ("adamw_torch", "adamw_8bit")
 TRUNCATE_PROMPTS = ("left", "error")
 SAMPLERS = ("fast", "generate", "paged", "vllm")
 VLLM_MODES = ("colocate", "server")
+VLLM_LORA_SYNCS = ("adapters", "merged")
 NAN_POLICIES = ("skip", "stop")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")  # transformers' TrainingArguments.log_level
 REWARD_ERROR_POLICIES = ("stop", "none")
-
 MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32")
+# generation_kwargs keys that are fields of the config (key -> field), and the keys rloo sets itself.
+GENERATION_KWARGS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                     "max_new_tokens": "max_completion_length", "stop_strings": "stop_strings"}
+ENGINE_OWNED = ("eos_token_id", "pad_token_id", "num_return_sequences", "max_length", "n", "max_tokens")
+DATALOADER_OPTIONS = ("dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking")
+# report_to's names: every tracker accelerate 1.x supports, with the module that must be importable for it
+# (run/trackers.py starts them; the names are checked here, where every other config value is).
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow",
+                   "comet_ml": "comet_ml", "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab"}
 
 
 def require(ok: bool, message: str) -> None:
@@ -69,22 +61,24 @@ def validate(c: RLOOConfig) -> None:
     _check_batch_sizes(c)
     _check_optimizer(c)
     _check_generation(c)
+    _check_engine_options(c)
     _check_algorithm(c)
     _check_run_and_outputs(c)
     _check_scale_out(c)
+    _check_sandbox(c)
 
 
 def _check_batch_sizes(c: RLOOConfig) -> None:
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_prompt_length",
                  "max_completion_length", "num_iterations", "num_mini_batches", "logging_steps",
-                 "num_completions_to_print"):
-        value = getattr(c, name)
-        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                f"{name} must be a positive integer, got {value!r}.")
-    for name, value, choices in (("advantage_estimator", c.advantage_estimator, ADVANTAGE_ESTIMATORS),
-                                 ("kl_penalty", c.kl_penalty, KL_PENALTIES),
-                                 ("kl_estimator", c.kl_estimator, KL_ESTIMATORS),
-                                 ("loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)):
+                 "num_completions_to_print", "ref_model_sync_steps", "per_device_eval_batch_size"):
+        value, unset = getattr(c, name), name in ("max_prompt_length", "per_device_eval_batch_size")  # None: unset
+        require((value is None and unset) or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+                f"{name} must be a positive integer{' or unset' if unset else ''}, got {value!r}.")
+    for name, value, choices in (("advantage_estimator", c.advantage_estimator, algo.ADVANTAGE_ESTIMATORS),
+                                 ("kl_penalty", c.kl_penalty, algo.KL_PENALTIES),
+                                 ("kl_estimator", c.kl_estimator, algo.KL_ESTIMATORS),
+                                 ("loss_agg_mode", c.loss_agg_mode, algo.LOSS_AGG_MODES)):
         require(value in choices, f"{name} must be one of {choices}, got {value!r}.")
     if c.advantage_estimator == "reinforce":
         require(isinstance(c.num_generations, int) and c.num_generations >= 1,
@@ -117,6 +111,13 @@ def _check_optimizer(c: RLOOConfig) -> None:
     require(c.adam_epsilon > 0, f"adam_epsilon must be > 0, got {c.adam_epsilon!r}.")
     require(c.max_grad_norm >= 0, f"max_grad_norm must be >= 0 (0 disables clipping), got {c.max_grad_norm!r}.")
     require(c.optim in OPTIMIZERS, f"optim must be one of {OPTIMIZERS}, got {c.optim!r}.")
+    require(c.lr_scheduler_kwargs is None or isinstance(c.lr_scheduler_kwargs, dict),
+            f"lr_scheduler_kwargs must be a mapping of get_scheduler arguments or unset, got {c.lr_scheduler_kwargs!r}.")
+    require(c.lr_scheduler_type != "cosine_with_min_lr" or bool({"min_lr", "min_lr_rate"} & set(c.lr_scheduler_kwargs or {})),
+            "lr_scheduler_type='cosine_with_min_lr' needs lr_scheduler_kwargs={'min_lr': ...} or {'min_lr_rate': ...}; "
+            "give one, or use lr_scheduler_type='cosine'.")
+    require(c.router_aux_loss_coef is None or c.router_aux_loss_coef >= 0,
+            f"router_aux_loss_coef must be >= 0 (0 or None adds no router loss), got {c.router_aux_loss_coef!r}.")
     if c.optim == "adamw_8bit":
         require(importlib.util.find_spec("bitsandbytes") is not None,
                 "optim='adamw_8bit' needs bitsandbytes and a CUDA GPU: `pip install bitsandbytes`, "
@@ -138,6 +139,22 @@ def _check_generation(c: RLOOConfig) -> None:
             f"transformers_continuous_batching_config configures transformers' continuous batching, which only "
             f"sampler='paged' uses (TRL: use_transformers_continuous_batching=True); sampler={c.sampler!r} would ignore "
             f"it. Set sampler='paged', or leave the config unset.")
+
+
+def _check_engine_options(c: RLOOConfig) -> None:
+    """TRL's sampling options beyond temperature / top_p / top_k (min_p, repetition_penalty, generation_kwargs)."""
+    require(c.min_p is None or 0 <= c.min_p <= 1, f"min_p must be in [0, 1] (0 or None disables), got {c.min_p!r}.")
+    require(c.repetition_penalty > 0, f"repetition_penalty must be > 0 (1.0 disables), got {c.repetition_penalty!r}.")
+    kwargs = c.generation_kwargs
+    require(kwargs is None or isinstance(kwargs, dict), f"generation_kwargs must be a mapping or unset, got {kwargs!r}.")
+    for key, value in (kwargs or {}).items():
+        require(key != "do_sample" or value is True, "generation_kwargs do_sample=False would make the num_generations "
+                "completions of a prompt identical (no learning signal); leave do_sample unset.")
+        require(key not in ENGINE_OWNED, f"generation_kwargs[{key!r}] is set by rloo from its own fields "
+                                         f"(stop_token_ids, num_generations, max_completion_length); set those instead.")
+        field = GENERATION_KWARGS.get(key)
+        require(field is None or getattr(c, field) == value, f"generation_kwargs[{key!r}]={value!r} differs from the "
+                f"field {field}={getattr(c, field or key, None)!r}; set {field} (TRL's RLOOConfig maps it), drop the key.")
 
 
 def _check_continuous_batching_config(value: Any) -> None:
@@ -200,15 +217,15 @@ def _check_algorithm(c: RLOOConfig) -> None:
 
 
 def _check_off_policy(c: RLOOConfig) -> None:
-    require(c.importance_sampling_level is None or c.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS,
-            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS} or unset, "
+    require(c.importance_sampling_level is None or c.importance_sampling_level in algo.IMPORTANCE_SAMPLING_LEVELS,
+            f"importance_sampling_level must be one of {algo.IMPORTANCE_SAMPLING_LEVELS} or unset, "
             f"got {c.importance_sampling_level!r}.")
     require(not (c.importance_sampling_level == "sequence" and c.loss_agg_mode == "seq-mean-token-sum"),
             "importance_sampling_level='sequence' (GSPO) gives every token of a completion the same length-normalised "
             "ratio; summing it over the tokens (loss_agg_mode='seq-mean-token-sum') would weigh long completions by "
             "their length. Set loss_agg_mode='seq-mean-token-mean' (GSPO) or 'token-mean'.")
-    require(c.vllm_importance_sampling_mode in SAMPLER_CORRECTION_MODES,
-            f"vllm_importance_sampling_mode must be one of {SAMPLER_CORRECTION_MODES}, "
+    require(c.vllm_importance_sampling_mode in algo.SAMPLER_CORRECTION_MODES,
+            f"vllm_importance_sampling_mode must be one of {algo.SAMPLER_CORRECTION_MODES}, "
             f"got {c.vllm_importance_sampling_mode!r}.")
     require(c.vllm_importance_sampling_clip_min is None or 0 <= c.vllm_importance_sampling_clip_min < 1,
             f"vllm_importance_sampling_clip_min must be in [0, 1) (an on-policy ratio of 1 must stay in the band) or "
@@ -276,6 +293,12 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
             f"model_init_kwargs['dtype'] must be one of {MODEL_DTYPES} or a torch.dtype, got {dtype!r}.")
     require(c.nan_policy in NAN_POLICIES, f"nan_policy must be one of {NAN_POLICIES}, got {c.nan_policy!r}.")
     require(c.log_level in LOG_LEVELS, f"log_level must be one of {LOG_LEVELS}, got {c.log_level!r}.")
+    _check_trl_run_options(c)
+    require(c.reward_timeout is None or (isinstance(c.reward_timeout, (int, float)) and not isinstance(c.reward_timeout, bool)
+                                         and math.isfinite(c.reward_timeout) and c.reward_timeout > 0),
+            f"reward_timeout must be a positive number of seconds, or None to wait as long as a reward takes; got "
+            f"{c.reward_timeout!r}.")
+    require(c.ddp_timeout > 0, f"ddp_timeout must be > 0 seconds, got {c.ddp_timeout!r}.")
     require(c.reward_error_policy in REWARD_ERROR_POLICIES,
             f"reward_error_policy must be one of {REWARD_ERROR_POLICIES}, got {c.reward_error_policy!r}.")
     require(isinstance(c.output_dir, str) and c.output_dir.strip() != "",
@@ -284,58 +307,56 @@ def _check_run_and_outputs(c: RLOOConfig) -> None:
             f"output_dir={c.output_dir!r} exists and is not a directory; give a directory path.")
 
 
+def _check_trl_run_options(c: RLOOConfig) -> None:
+    """TRL's names for the reference sync, saving, evaluation batches, the data loaders and padding."""
+    require(0 <= c.ref_model_mixup_alpha <= 1, f"ref_model_mixup_alpha must be in [0, 1], got {c.ref_model_mixup_alpha!r}.")
+    require(c.save_strategy in ("steps", "no"), f"save_strategy={c.save_strategy!r}: rloo checkpoints every save_steps "
+                                                f"optimizer steps. Use save_strategy='steps' with save_steps, or 'no'.")
+    require(c.save_strategy == "steps" or c.save_steps == 0,
+            f"save_strategy='no' writes no checkpoints, but save_steps={c.save_steps}; set save_steps=0 too "
+            f"(TRL's RLOOConfig sets it for you), or use save_strategy='steps'.")
+    require(c.dataloader_num_workers >= 0, f"dataloader_num_workers must be >= 0, got {c.dataloader_num_workers!r}.")
+    require(c.pad_to_multiple_of in ("auto", None) or (isinstance(c.pad_to_multiple_of, int) and c.pad_to_multiple_of > 0),
+            f"pad_to_multiple_of must be a positive integer, 'auto' or None, got {c.pad_to_multiple_of!r}.")
+    options = c.accelerator_config  # a mapping, or transformers' AcceleratorConfig: the options it turns on
+    keys = set(options or {}) if isinstance(options, (dict, type(None))) else {k for k, v in vars(options).items() if v}
+    others = sorted(keys - set(DATALOADER_OPTIONS))
+    require(not others, f"accelerator_config keys {others}: distributed set-up belongs to accelerate in rloo; describe it "
+                        f"in an accelerate config (`accelerate launch --config_file ...`). Only {list(DATALOADER_OPTIONS)} "
+                        f"are accepted (rloo has no DataLoader for them to change).")
+
+
+def check_report_to(report_to: Any) -> None:
+    """Raise ValueError naming `report_to` when it is not "none", "all", a known name or a list of them."""
+    names = [report_to] if isinstance(report_to, str) else report_to
+    if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
+        raise ValueError(f"report_to must be a string or a list of strings, got {report_to!r}.")
+    unknown = [name for name in names if name not in ("none", "all", *TRACKER_MODULES)]
+    if unknown:
+        raise ValueError(f"report_to names unknown trackers {unknown}; use 'none', 'all' or some of "
+                         f"{sorted(TRACKER_MODULES)}.")
+    if len(names) > 1 and "none" in names:
+        raise ValueError(f"report_to={report_to!r} mixes 'none' with trackers; give 'none' alone.")
+
+
 def exact_div(numerator: int, denominator: int, message: str) -> int:
     if denominator <= 0 or numerator % denominator != 0:
         raise ConfigError(message)
     return numerator // denominator
 
 
-def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether value has the field type `hint` (bool is not a number; an int is a float)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if origin in (list, dict, tuple):  # containers have their own checks with their own messages in _validate
-        return True
-    return isinstance(value, hint)
-
-
 def check_field_types(config: Any) -> None:
-    """Every field holds a value of its annotated type, and every float is finite.
-
-    A string such as "false" or "1e-5" is refused here (Python treats "false" as true), from Python
-    and from YAML alike (`bf16: 'false'`); the CLI parses its flags' text into each field's type.
-    """
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        value, hint = getattr(config, f.name), hints[f.name]
-        if not _matches(value, hint):
-            raise ConfigError(f"{f.name} must be of type {_type_name(hint)}, got {value!r} "
-                              f"({type(value).__name__}); e.g. {f.name}={f.default!r}. (Pass the value itself, not "
-                              f"text: in YAML write it unquoted, e.g. `bf16: false`.)")
-        numbers = value if isinstance(value, (list, tuple)) else [value]
-        for number in numbers:
-            if isinstance(number, float) and not math.isfinite(number):
-                raise ConfigError(f"{f.name} must be a finite number, got {value!r}.")
+    """Every field of `config` holds a value of its annotated type and every float is finite (field_types.py)."""
+    problem = field_type_problem(config)
+    require(problem is None, problem or "")
 
 
 def _check_scale_out(c: RLOOConfig) -> None:
     """The scale-out block: vLLM options and the truncated importance-sampling cap."""
     require(c.vllm_mode in VLLM_MODES, f"vllm_mode must be one of {VLLM_MODES}, got {c.vllm_mode!r}.")
+    require(c.vllm_lora_sync in VLLM_LORA_SYNCS,
+            f"vllm_lora_sync must be one of {VLLM_LORA_SYNCS} (adapter tensors alone, or adapters merged into every "
+            f"base weight), got {c.vllm_lora_sync!r}.")
     require(0 < c.vllm_gpu_memory_utilization <= 1,
             f"vllm_gpu_memory_utilization must be in (0, 1], got {c.vllm_gpu_memory_utilization!r}.")
     require(isinstance(c.vllm_tensor_parallel_size, int) and c.vllm_tensor_parallel_size >= 1,
@@ -366,3 +387,9 @@ def _valid_clip_range(value: Any) -> bool:
         return True
     return (isinstance(value, (tuple, list)) and len(value) == 2 and all(number(v) for v in value)
             and value[0] < value[1])
+
+
+def _check_sandbox(c: RLOOConfig) -> None:
+    layers = ("namespaces", "landlock", "pids_cgroup")  # rloo.rewards.isolation.LAYER_NAMES
+    unknown = sorted(set(c.sandbox_allow_missing or ()) - set(layers))
+    require(not unknown, f"sandbox_allow_missing names unknown layers {unknown}; the layers are {list(layers)}.")

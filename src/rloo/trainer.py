@@ -30,22 +30,23 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from rloo import builders
+from rloo import builders, evaluation, safe_text
 from rloo.config import ConfigError, RLOOConfig
-from rloo.data.prompts import check_prompt_dataset, check_prompt_lengths, check_vocabulary
-from rloo.data.schedule import PromptSchedule, select_rows
+from rloo.data.dataset_rows import check_prompts, named_eval_sets, train_rows
+from rloo.data.prompts import check_vocabulary
+from rloo.data.schedule import select_rows
 from rloo.distributed import sharding
+from rloo.event_loop import EventLoop
 from rloo.generation.base import Sampler
 from rloo.passes import reference_sync
 from rloo.rollout import Rollout, RolloutCollector, Samples
-from rloo.rollout.async_rollouts import AsyncRollouts
-from rloo.rollout.dynamic_sampling import DynamicSampler, zero_spread_message
-from rloo.run import checkpoint, evaluation, report, trainer_api
+from rloo.rollout.prompt_stages import prompt_stage
+from rloo.rollout.sources import rollout_source, zero_spread_message
+from rloo.run import checkpoint, report, trainer_api
 from rloo.run.allocator import empty_device_cache_every, return_large_buffers_to_os
 from rloo.run.metrics import MetricsLogger, MetricsWindow, completion_rows, log_due, rollout_metrics, with_trl_names
 from rloo.run.run_dir import StopSignals, check_output_dir, prepare_output_dir, resume_hint, truncate_history
 from rloo.run.run_lock import lock_output_dir
-from rloo.run.safe_text import visible
 from rloo.run.verbosity import set_library_verbosity
 from rloo.update import Learner, mini_batches
 
@@ -105,56 +106,63 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         return_large_buffers_to_os()  # else glibc keeps the decode loop's freed (rows, V) buffers (allocator.py)
         set_seed(args.seed)
         self.processing_class, self.tokenizer = builders.load_processing_class(processing_class, model, train_dataset, args)
-        train_dataset = trainer_api.train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
-        self._check_prompts(train_dataset, eval_dataset)  # before any weights are loaded or sizes derived
+        train_dataset = train_rows(args, train_dataset, acc.num_processes, environment_factory)  # streams read once
+        check_prompts(args, self.tokenizer, train_dataset, eval_dataset)  # before weights load or sizes derive
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
 
         policy = builders.load_policy(model, peft_config, args, quantization_config, self.processing_class)
         check_vocabulary(self.tokenizer, policy)
         self.model_name = model if isinstance(model, str) else getattr(policy.config, "_name_or_path", None)
-        reference = builders.build_reference(policy, args)
-        self.schedule = PromptSchedule(num_rows=len(train_dataset), prompts_per_process=args.prompts_per_rollout,
-                                       num_processes=acc.num_processes, seed=args.seed, shuffle=args.shuffle_dataset)
-        self.num_rollouts, self.total_steps = builders.run_length(args, self.schedule, acc.num_processes)
+        reference = sharding.reference_in_compute_dtype(builders.build_reference(policy, args), acc)
+        self.schedule, self.num_rollouts, self.total_steps = builders.build_schedule(args, len(train_dataset),
+                                                                                     acc.num_processes)
         self.model, self.optimizer, self.lr_scheduler = builders.prepare_for_training(acc, policy, optimizers, args,
                                                                                       self.total_steps)
         self.reference = None if reference is None else sharding.prepare_reference(acc, reference)
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.sampler = sampler if sampler is not None else builders.default_sampler(args, self.tokenizer,
-                                                                                    acc.unwrap_model(self.model))
-        self.multi_turn = builders.build_multi_turn(self, tools, environment_factory, rollout_func)  # None: single turn
-        self.reward_functions, self.reward_weights = builders.build_rewards(
-            args, reward_funcs, reward_processing_classes, acc.device, train_dataset.column_names, self.multi_turn)
-        self.collector = RolloutCollector(args, acc, self.model, self.reference, self.tokenizer, self.sampler,
-                                          self.reward_functions, self.reward_weights, multi_turn=self.multi_turn,
-                                          images=builders.image_encoder(self, self.processing_class, policy))  # data.images
-        self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)
-        self.dynamic_sampler = DynamicSampler(args, acc, self.collector, train_dataset, self.tokenizer.pad_token_id)
-        self.async_rollouts: AsyncRollouts | None = None  # the sampler running ahead, started by train()
-        self.logger = MetricsLogger(acc, args.output_dir, args.report_to)
-        self.global_step, self.episode = 0, 0
-        self._evaluated_at, self._last_eval, self._reported_zero_spread, self._claimed_output_dir = -1, {}, False, False
+        self.collector = self._build_collector(policy, sampler, reward_funcs, reward_processing_classes, tools,
+                                               environment_factory, rollout_func)  # steps 1-4
+        self.learner = Learner(args, acc, self.model, self.optimizer, self.lr_scheduler)  # step 5
+        # plain, dynamic_sampling or async_rollouts (`rollout.sources`): chosen here, once
+        self.rollouts = rollout_source(args, acc, self.collector, train_dataset, self._rows, self.num_rollouts)
+
+        self.logger = MetricsLogger(acc, args.output_dir, args.report_to)  # step 6
+        self.global_step = 0
+        self.episode = 0
         self.run_id = uuid.uuid4().hex  # marks this run's checkpoints; a resumed run takes the checkpoint's
         self.stopped_by: str | None = None  # the signal that stopped train() early, if any
+        self._evaluated_at = -1  # the step last evaluated at: `_log_eval` evaluates once per step
+        self._last_eval: dict[str, float] = {}
+        self._reported_zero_spread = False  # the zero-spread console line is said once per run
+        self._claimed_output_dir = False  # prepare_output_dir ran: a second train() continues its own files
         self._attach_callbacks(callbacks)
         self._expose_trl_attributes()
         builders.check_run_options(args, acc, self.reference, eval_dataset)
+
+    def _build_collector(self, policy: torch.nn.Module, sampler: Sampler | None, reward_funcs: Any,
+                         reward_processing_classes: Any, tools: Any, environment_factory: Any,
+                         rollout_func: Any) -> RolloutCollector:
+        """Steps 1-4, each part chosen once: the sampler, the multi-turn stage (None: single completions), the
+        reward functions, and step 1's stage for text, images or multi-turn prompts (`rollout.prompt_stages`)."""
+        args, acc, columns = self.args, self.accelerator, self.train_dataset.column_names
+        self.sampler = sampler if sampler is not None else builders.default_sampler(args, self.tokenizer,
+                                                                                    acc.unwrap_model(self.model))
+        event_loop = EventLoop(owner=self)  # the run's one loop for async tools and reward functions
+        self.multi_turn = builders.build_multi_turn(args, self.tokenizer, self.sampler, tools, environment_factory,
+                                                    rollout_func, trainer=self,  # the trainer: rollout_func's argument
+                                                    event_loop=event_loop)
+        self.reward_functions, self.reward_weights = builders.build_rewards(
+            args, reward_funcs, reward_processing_classes, acc.device, columns, self.multi_turn)
+        step1 = prompt_stage(args, self.processing_class, self.tokenizer, self.sampler, policy, columns, acc.device,
+                             self.multi_turn)
+        return RolloutCollector(args, acc, self.model, self.reference, self.tokenizer, self.sampler,
+                                self.reward_functions, self.reward_weights, step1, event_loop=event_loop)
 
     def _sync_reference(self) -> None:
         """Every ref_model_sync_steps optimizer steps: reference <- (1 - alpha) * reference + alpha * policy."""
         if self.args.sync_ref_model and self.global_step % self.args.ref_model_sync_steps == 0:
             reference_sync.sync_reference(self.accelerator.unwrap_model(self.reference),
                                           self.accelerator.unwrap_model(self.model), self.args.ref_model_mixup_alpha)
-
-    def _check_prompts(self, train_dataset: Any, eval_dataset: Any) -> None:
-        """Every dataset has usable prompts of an acceptable length (eval_dataset may be a dict)."""
-        args = self.args
-        eval_sets = trainer_api.named_eval_sets(eval_dataset) if eval_dataset is not None else []
-        for dataset, name in ((train_dataset, "train_dataset"),
-                              *((d, f"eval_dataset[{k!r}]" if k else "eval_dataset") for k, d in eval_sets)):
-            if dataset is not None:
-                check_prompt_dataset(dataset, name)
-                check_prompt_lengths(dataset, name, self.tokenizer, args.max_prompt_length, args.truncate_prompts,
-                                     args.chat_template_kwargs)
 
     def _attach_callbacks(self, callbacks: Sequence[Any] | None) -> None:
         """transformers TrainerCallbacks and a TrainerState (log_history), which is also a metrics sink
@@ -179,16 +187,11 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         the current rollout's optimizer steps with a checkpoint (`self.stopped_by` names the signal).
         """
         with StopSignals() as self._signals:
-            if self.args.async_rollouts:
-                self.async_rollouts = AsyncRollouts(self.collector, self.args.async_rollout_timeout,
-                                                    self.args.max_staleness)
+            self.rollouts.start()  # async_rollouts' sampler starts here, on a copy of the current weights
             try:
                 return self._train(resume_from_checkpoint)
             finally:
-                if self.async_rollouts is not None:
-                    self.async_rollouts.discard()
-                    self.async_rollouts.close()
-                    self.async_rollouts = None
+                self.rollouts.close()
 
     def _train(self, resume_from_checkpoint: str | bool | None) -> trainer_api.TrainOutput:
         # The whole loop in one function (~60 lines), on purpose: it is the part a reader came for.
@@ -203,7 +206,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         window_start, window_episodes = time.perf_counter(), 0
 
         for rollout_index in range(start_rollout, self.num_rollouts):
-            rollout, samples, refill_stats = self._collect_rollout(self._rows(rollout_index), rollout_index)  # steps 1-4
+            rollout, samples, source_stats = self._collect_rollout(rollout_index)  # steps 1-4
             rollout_stats = rollout_metrics(rollout, acc, args.num_generations,
                                             [fn.name for fn in self.reward_functions])
             self._report_zero_spread(rollout_stats)
@@ -219,7 +222,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                 self._sync_reference()
                 self.callback_handler.advance(self.global_step, self.epoch, self.episode)
                 control = self.callback_handler.event("on_step_end")
-                window.add({**rollout_stats, **refill_stats, **samples.metrics, **step_stats})
+                window.add({**rollout_stats, **source_stats, **samples.metrics, **step_stats})
                 progress.update(1)
                 progress.set_postfix(reward=f"{rollout_stats['reward']:.3f}")
 
@@ -306,7 +309,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         state = checkpoint.load_checkpoint(acc, self.model, path, args)
         self.global_step, self.episode = state["global_step"], state["episode"]
         if acc.is_main_process:
-            tqdm.write(visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
+            tqdm.write(safe_text.visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
         self.run_id = state.get("run_id") or self.run_id
         if acc.is_main_process:
             truncate_history(args.output_dir, self.global_step)
@@ -329,24 +332,18 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                                               rollout_index, self.episode, self.run_id)
         self.stopped_by = signal_name or "a signal on another process"
         if self.accelerator.is_main_process:
-            tqdm.write(visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
+            tqdm.write(safe_text.visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
                                f"checkpoint saved to {path}. {resume_hint(args)}"))
 
     def _rows(self, rollout_index: int) -> list[dict[str, Any]]:
         """This process's dataset rows of rollout `rollout_index`."""
         return select_rows(self.train_dataset, self.schedule.rows(rollout_index, self.accelerator.process_index))
 
-    def _collect_rollout(self, rows: list[dict[str, Any]], rollout_index: int
-                         ) -> tuple[Rollout, Samples, dict[str, float]]:
-        """Steps 1-4, with dynamic sampling's extra rounds when it is on (and its metrics). Its seconds join
+    def _collect_rollout(self, rollout_index: int) -> tuple[Rollout, Samples, dict[str, float]]:
+        """Steps 1-4 from the rollout source, with its metrics (dynamic_sampling/*, async/*). Its seconds join
         the next optimizer step's step_time, as TRL counts generation in the step that triggers it."""
         with self.learner.timed_wait():
-            if self.async_rollouts is not None:  # the sampler, up to max_staleness rollouts ahead
-                return self.async_rollouts.next(rollout_index, self._rows, self.global_step, self.episode,
-                                                self.num_rollouts)
-            if not self.args.dynamic_sampling:
-                return *self.collector.collect(rows, self.global_step, self.episode), {}
-            return self.dynamic_sampler.collect(rows, rollout_index, self.global_step, self.episode)
+            return self.rollouts.next(rollout_index, self.global_step, self.episode)
 
     def _log(self, window: dict[str, float], eps: float, samples: Samples, rollout: Rollout) -> dict[str, float]:
         metrics = with_trl_names({
@@ -375,7 +372,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             raise ConfigError("evaluate() needs an eval_dataset.")
         num_generations = self.args.num_generations_eval or self.args.num_generations
         metrics, self.eval_samples = {}, []  # eval_samples: every scored sample, a row each (evaluation.sample_rows)
-        for name, dataset in trainer_api.named_eval_sets(eval_dataset):
+        for name, dataset in named_eval_sets(eval_dataset):
             prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
             figures = evaluation.evaluate(self.collector, dataset, [fn.name for fn in self.reward_functions],
                                           num_generations, self._eval_prompts_per_batch(num_generations),
@@ -387,10 +384,10 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         return metrics
 
     def _eval_prompts_per_batch(self, num_generations: int) -> int:
-        """Prompts sampled together in evaluation: per_device_eval_batch_size completions when it was given
+        """Prompts sampled together in evaluation: per_device_eval_batch_size completions when it is set
         (whole groups, at least one), else the training step's prompts."""
-        given = self.args.__dict__.get("_trl_values", {}).get("per_device_eval_batch_size")
-        return self.args.prompts_per_step if given is None else max(1, given // num_generations)
+        size = self.args.per_device_eval_batch_size
+        return self.args.prompts_per_step if size is None else max(1, size // num_generations)
 
     def _log_eval(self) -> dict[str, float]:
         """Evaluate and log once per step: the last step's eval is not repeated after the loop."""

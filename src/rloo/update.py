@@ -60,12 +60,12 @@ class Learner:
 
     def __post_init__(self) -> None:
         # TRL's pad_to_multiple_of: micro-batches keep that much of their padding (speed only, same loss).
-        multiple = getattr(self.args, "pad_to_multiple_of", None)
-        self.pad_to_multiple_of = multiple if isinstance(multiple, int) and not isinstance(multiple, bool) else None
+        multiple = self.args.pad_to_multiple_of  # "auto" and None: trim all shared padding
+        self.pad_to_multiple_of = multiple if isinstance(multiple, int) else None
         # TRL's router_aux_loss_coef: a MoE model's load-balancing loss joins the loss with this weight.
         config = getattr(getattr(self.model, "module", self.model), "config", None)
         is_moe = getattr(getattr(config, "get_text_config", lambda: config)(), "output_router_logits", None) is not None
-        self.aux_loss_coef = float(getattr(self.args, "router_aux_loss_coef", None) or 0.0) if is_moe else 0.0
+        self.aux_loss_coef = float(self.args.router_aux_loss_coef or 0.0) if is_moe else 0.0
         self._aux_loss: torch.Tensor | None = None
         self.step_lr = float("nan")  # the learning rate of the last optimizer step (`step`)
         self._waited = 0.0  # seconds spent collecting the rollout the next step trains on (`timed_wait`)

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: its dry run (--cpu-tiny) runs every section of the GPU check on CPU at tiny sizes, so
+"""benchmarks/gpu/gpu_check.py: its dry run (--cpu-tiny) runs every section of the GPU check on CPU at tiny sizes, so
 the script cannot rot between GPU leases; its checks can fail; its FLOP count by hand."""
 
 import argparse
@@ -13,14 +13,15 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
-import gpu_check  # noqa: E402  (benchmarks/gpu_check.py)
+import gpu_check  # noqa: E402  (benchmarks/gpu/gpu_check.py)
 
 CORRECTNESS = [f"{check}_{precision}" for precision in ("fp32", "bf16")
                for check in ("tiled_head", "lean_activations", "shared_prefix")] + ["sampler_same_draws",
                                                                                     "rloo_step_cuda_vs_cpu"]
-SPEED = ["speed_rloo_512", "speed_trl_ours_512", "speed_trl_defaults_512", "speed_rloo_4096", "speed_rloo_lean_off_512"]
+SPEED = ["speed_rloo_512", "speed_trl_ours_512", "speed_trl_defaults_512", "speed_rloo_4096", "speed_rloo_lean_off_512",
+         "speed_trl_cb_512", "speed_trl_liger_512"]
 
 
 @pytest.fixture
@@ -30,15 +31,16 @@ def plan():
 
 def test_dry_run_passes_every_check_and_times_every_run(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *sys.path])}
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-tiny", "--out", str(tmp_path)],
-                            env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "gpu_check.py"), "--cpu-tiny", "--out",
+                             str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     sections = data["sections"]
     assert set(sections) == {"environment", "matmul_peak", "random_model", *CORRECTNESS, *SPEED}
     with_trl = importlib.util.find_spec("trl") is not None
     for name, entry in sections.items():
-        expected = "skipped" if name.startswith("speed_trl") and not with_trl else "ok"
+        missing = not with_trl or (name == "speed_trl_liger_512" and importlib.util.find_spec("liger_kernel") is None)
+        expected = "skipped" if name.startswith("speed_trl") and missing else "ok"
         assert entry["status"] == expected, (name, entry.get("error"), entry.get("traceback"))
     assert all(sections[name]["passed"] for name in CORRECTNESS)
     assert sections["matmul_peak"]["tflops"] > 0
@@ -65,6 +67,8 @@ def test_dry_run_passes_every_check_and_times_every_run(tmp_path):
     if with_trl:
         assert sections["speed_trl_defaults_512"]["settings"]["gradient_checkpointing"] is True
         assert sections["speed_trl_ours_512"]["settings"]["gradient_checkpointing"] is False
+        assert sections["speed_trl_cb_512"]["settings"]["use_transformers_continuous_batching"] is True
+        assert sections["speed_trl_cb_512"]["generation_s_per_step"] > 0  # generate_batch is timed as generation
     table = (tmp_path / "gpu_check.md").read_text()
     assert all(name in table for name in CORRECTNESS + SPEED) and "FAIL" not in table
 
@@ -143,3 +147,12 @@ def test_a_section_still_running_when_the_budget_ends_is_stopped_and_reported(tm
     assert json.loads((tmp_path / "gpu_check.json").read_text())["sections"]["speed_rloo_512"]["status"] == "stopped"
     table = (tmp_path / "gpu_check.md").read_text()
     assert "stopped: speed_rloo_512" in table and "the unfinished step had run" in table
+
+
+def test_the_16384_token_section_runs_only_when_named(tmp_path):
+    """speed_rloo_16384 (issue #46: long reasoning on one GPU) at its tiny sizes: 1 prompt x K, no warm-up."""
+    data = gpu_check.main(["--cpu-tiny", "--out", str(tmp_path), "--sections", "environment,speed_rloo_16384"])
+    entry = data["sections"]["speed_rloo_16384"]
+    assert entry["status"] == "ok", entry.get("traceback")
+    assert entry["prompts"] == data["plan"]["xl_prompts"] and entry["max_completion_tokens"] == 32
+    assert entry["timed_steps"] == 1 and entry["warmup_steps"] == 0

@@ -337,3 +337,16 @@ def test_model_init_kwargs_are_resolved_for_from_pretrained(tmp_path, make_model
                       per_device_train_batch_size=8, num_generations=4, max_completion_length=2, save_steps=0)
     trainer = RLOOTrainer(str(model_dir), digit_fraction, args=args, train_dataset=digit_dataset, processing_class=tokenizer)
     assert next(trainer.model.parameters()).dtype == torch.bfloat16
+
+
+def test_the_trl_named_config_adds_no_field_and_serialises_like_the_core_one(tmp_path):
+    """rloo.RLOOConfig is rloo.config.RLOOConfig plus TRL's names: the same fields, the same to_dict() at the
+    defaults (its default AcceleratorConfig, TRL's form, writes as None: `rloo report` shows no change), and the
+    Hub token never written."""
+    import rloo.config
+
+    assert dataclasses.fields(RLOOConfig) == dataclasses.fields(rloo.config.RLOOConfig)
+    assert RLOOConfig(output_dir=str(tmp_path)).to_dict() == rloo.config.RLOOConfig(output_dir=str(tmp_path)).to_dict()
+    config = RLOOConfig(output_dir=str(tmp_path), hub_token="hf_secret", accelerator_config={"even_batches": False})
+    assert config.to_dict()["hub_token"] == "<HUB_TOKEN>" and "hf_secret" not in repr(config)
+    assert config.to_dict()["accelerator_config"] == {"even_batches": False}

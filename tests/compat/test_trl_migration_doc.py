@@ -90,3 +90,31 @@ def test_each_section_agrees_with_the_code_table():
     accepted = next(names for title, names in TAKEN.items() if title.startswith("Accepted"))
     assert [n for n in mapped if n not in OWN and TRL_FIELDS[n].kind != "mapped"] == []
     assert [n for n in accepted if n in OWN or TRL_FIELDS[n].kind != "accepted"] == []
+
+
+def differing_defaults_table() -> dict[str, tuple[str, str]]:
+    """The "Defaults that differ from TRL's" table: field -> (TRL 1.16 column, rloo column), as written."""
+    rows, inside = {}, False
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        if line.startswith("### "):
+            inside = line.startswith("### Defaults that differ")
+        elif inside and line.startswith("| `"):
+            cells = [cell.strip().strip("`") for cell in line.strip("|").split("|")]
+            rows[cells[0]] = (cells[1], cells[2])
+    return rows
+
+
+def test_the_differing_defaults_table_is_the_codes():
+    """Every field both configs have whose defaults differ has a row, and each row's two defaults are the code's
+    (rloo.config.RLOOConfig's, and TRL's own RLOOConfig's)."""
+    import ast
+
+    from rloo.config import RLOOConfig as CoreConfig
+
+    ours = {f.name: f.default for f in dataclasses.fields(CoreConfig) if f.default is not dataclasses.MISSING}
+    differing = sorted(n for n in ours if n in TRL_DEFAULTS and ours[n] != TRL_DEFAULTS[n])
+    table = differing_defaults_table()
+    assert sorted(table) == differing, "docs/trl_migration.md's table of differing defaults is not the code's"
+    written = {name: (ast.literal_eval(trl_value), ast.literal_eval(rloo_value))
+               for name, (trl_value, rloo_value) in table.items()}
+    assert written == {name: (TRL_DEFAULTS[name], ours[name]) for name in differing}

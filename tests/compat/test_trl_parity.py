@@ -1,4 +1,4 @@
-"""What TRL's own RLOOTrainer tests rely on (benchmarks/trl_suite.py runs them): the closing log entry,
+"""What TRL's own RLOOTrainer tests rely on (benchmarks/trl_suite/trl_suite.py runs them): the closing log entry,
 TRL's attributes, the eval sets TRL takes, and the TRL options that rloo accepts."""
 
 import logging
@@ -66,8 +66,8 @@ def test_per_device_eval_batch_size_sets_the_eval_chunk(tmp_path, make_model, to
     calls = []
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, per_device_eval_batch_size=8),
                           train_dataset=digit_dataset, processing_class=tokenizer)
-    sample = trainer.collector.sample
-    trainer.collector.sample = lambda prompts, k: calls.append(len(prompts)) or sample(prompts, k)
+    sample_ids = trainer.collector.sample_ids
+    trainer.collector.sample_ids = lambda prompt_ids, k: calls.append(len(prompt_ids)) or sample_ids(prompt_ids, k)
     trainer.evaluate(digit_dataset.select(range(6)))
     assert calls == [2, 2, 2]  # 8 completions = 2 prompts of 4 at a time
     calls.clear()

@@ -74,7 +74,7 @@ def test_router_aux_loss_is_logged_in_training(tmp_path, tokenizer, digit_datase
 def test_eval_loss_by_hand():
     import torch
 
-    from rloo.run.evaluation import policy_loss_at_ratio_one
+    from rloo.evaluation import policy_loss_at_ratio_one
 
     scores = torch.tensor([[1.0, 0.0, 0.0], [2.0, 2.0, 5.0]])  # two prompts, three samples each
     lengths = torch.tensor([[2, 1, 3], [1, 1, 2]])

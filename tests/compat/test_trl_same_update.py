@@ -3,7 +3,7 @@
 Both trainers start from identical weights and are handed the same scripted completions (TRL's
 generation is replaced on the instance, rloo gets a sampler), so any difference in the update comes
 from the advantage, the loss normalisation, clipping or the optimizer. Settings are those of the
-toy learning-gap comparison (`benchmarks/learning_curves.py`): K=4, 32 completions a step, beta 0,
+toy learning-gap comparison (`benchmarks/learning/learning_curves.py`): K=4, 32 completions a step, beta 0,
 lr 3e-5, max_grad_norm 1, one pass per batch; then the gsm8k CPU recipe's shape (temperature 0.8,
 two micro-batches a step), with and without rloo's shared-prefix forward.
 """

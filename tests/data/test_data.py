@@ -101,6 +101,18 @@ def test_long_prompts_warn_once_with_a_count_or_fail_naming_the_row(tmp_path, ma
                     train_dataset=dataset, processing_class=tokenizer)
 
 
+def test_prompts_are_not_truncated_by_default_as_in_trl(tmp_path, make_model, tokenizer, caplog):
+    """max_prompt_length is an opt-in (TRL's RLOOConfig has no prompt truncation): by default a prompt longer than
+    rloo's old limit of 512 tokens reaches the sampler whole, with no warning."""
+    rows = [{"prompt": "9" * 600}] * 2 + [{"prompt": "1+1="}] * 2
+    with caplog.at_level(logging.WARNING, logger="rloo.prompts"):
+        trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=Dataset.from_list(rows),
+                              processing_class=tokenizer)
+    assert trainer.args.max_prompt_length is None and not [r for r in caplog.records if "max_prompt_length" in r.getMessage()]
+    rollout, _ = trainer.collector.collect(rows[:2], trainer.global_step, trainer.episode)
+    assert int(rollout.prompt_mask[0].sum()) == len(tokenizer("9" * 600)["input_ids"]) > 512
+
+
 def test_dataset_errors_are_clear(tmp_path, make_model, tokenizer, digit_dataset):
     with pytest.raises(ValueError, match="train_dataset is empty"):
         RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), processing_class=tokenizer,

@@ -14,9 +14,9 @@ import torch
 
 from conftest import torchrun
 from rloo.config import RLOOConfig
+from rloo.evaluation import evaluate
 from rloo.generation.base import SampledBatch
 from rloo.rewards.scoring import ScoredBatch
-from rloo.run.evaluation import evaluate
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "eval_run.py"
 N = 4  # num_generations_eval in eval_run.py
@@ -144,7 +144,7 @@ def test_every_process_samples_as_often_and_scores_only_its_own_prompts(size, mo
     # smaller share must still call it as often as the others, and must not score the stand-in it samples.
     other_process = {"scores": torch.zeros(1, 2), "per_function": torch.zeros(1, 2, 1),
                      "lengths": torch.ones(1, 2, dtype=torch.long), "truncated": torch.zeros(1, 2, dtype=torch.bool)}
-    monkeypatch.setattr("rloo.run.evaluation.gather_object", lambda parts: [*parts, other_process])  # one process here
+    monkeypatch.setattr("rloo.evaluation.gather_object", lambda parts: [*parts, other_process])  # one process here
     dataset = [{"prompt": str(i)} for i in range(size)]
     collectors = [CountingCollector(rank, 2) for rank in range(2)]
     for collector in collectors:

@@ -97,3 +97,20 @@ def test_prepare_counts_a_gsm8k_solutions_calculations_for_the_short_split():
     assert prepare.calculations(janet) == 2  # GSM8K's first test problem: in gsm8k_short_1shot
     assert prepare.calculations("<<3*(16.50+22.50+42)=243>>243\n#### 243") == 1
     assert prepare.calculations("4 + 5 = 9\n#### 9") == 0  # no annotation: not in the short split
+
+
+def test_the_arithmetic_tool_recipe_and_its_control_differ_only_in_the_tool():
+    """issue #50: the control is the tool recipe without the tool (its own warm start and output folder)."""
+    parsed = {name: parse_train_args(["--config", str(RECIPES / f"arithmetic_{name}_cpu.yaml"), "--sampler", "fast"])
+              for name in ("tools", "plain")}
+    (tools_script, tools_config, _), (plain_script, plain_config, _) = parsed["tools"], parsed["plain"]
+    assert tools_script.tools == ["recipes/tools/calculator.py:calculator"] and not plain_script.tools
+    assert tools_script.model_name_or_path.endswith("arith-sft-tools")
+    assert plain_script.model_name_or_path.endswith("arith-sft-plain")
+    differ = {"output_dir", "run_name", "logging_dir", "max_tool_calling_iterations", "tool_call_timeout"}
+    for name, value in vars(tools_config).items():
+        if name not in differ:
+            assert vars(plain_config)[name] == value, name
+    assert tools_script.dataset_name == plain_script.dataset_name == "recipes/data/arithmetic"
+    for spec in tools_script.reward_funcs:
+        assert callable(resolve_reward_func(spec))

@@ -113,7 +113,7 @@ def test_same_statistics_as_generate_sampler(make_model, tokenizer):
 def test_from_the_same_random_state_draws_the_tokens_generate_draws(make_model, tokenizer, temperature, top_k, top_p):
     """One prompt's K samples, as TRL samples them (`generate` on the prompt repeated K times): the
     same filtered distribution and the same multinomial call per position consume the same random
-    numbers, so the draws agree token for token (on the real model too: benchmarks/sampler_vs_generate.py).
+    numbers, so the draws agree token for token (on the real model too: benchmarks/speed/sampler_vs_generate.py).
     A slight change of the distribution can leave every draw as it was (a draw moves only when the
     cumulative probability crosses its random number); the statistics test above measures those."""
     model = _peaked(make_model(seed=3))

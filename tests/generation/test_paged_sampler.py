@@ -73,7 +73,7 @@ def test_eos_ends_completions_and_logprobs_are_the_models(make_model, tokenizer)
 
 def test_the_kv_cache_is_sized_for_the_call_not_from_free_memory(make_model, tokenizer):
     """transformers sizes the cache from free memory unless told (60% of free RAM on CPU: 14 GB for this tiny
-    model on a 24 GB machine, benchmarks/paged_cache_memory.py); the sampler asks for the call's need."""
+    model on a 24 GB machine, benchmarks/memory/paged_cache_memory.py); the sampler asks for the call's need."""
     from rloo.generation.paged import cache_blocks
 
     model = make_model()

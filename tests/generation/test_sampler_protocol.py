@@ -60,3 +60,17 @@ def test_an_object_that_cannot_sample_is_refused(tmp_path, make_model, tokenizer
     with pytest.raises(TypeError, match="on_optimizer_step"):
         RLOOTrainer(make_model(), digit_fraction, args=_args(tmp_path), train_dataset=digit_dataset,
                     processing_class=tokenizer, sampler=OnlySamples())
+
+
+def test_a_call_s_length_limit_leaves_the_sampler_as_it_was(make_model, tokenizer):
+    """A multi-turn turn needs fewer tokens than the sampler draws: `length_limit` gives the call's max_new_tokens
+    (only below the configured length, only to a sampler whose `sample` takes it), and the sampler is not changed."""
+    from rloo.generation.base import length_limit
+
+    sampler = FastSampler(tokenizer.pad_token_id, [tokenizer.pad_token_id + 10_000], max_new_tokens=6)  # never ends
+    assert length_limit(sampler, 2) == {"max_new_tokens": 2}
+    assert length_limit(sampler, 6) == length_limit(sampler, 9) == length_limit(sampler, None) == {}
+    assert length_limit(RecordingSampler(sampler), 2) == {}  # no max_new_tokens: it draws its own length
+    model, prompts = make_model(), [tokenizer.encode("12+3=")]
+    assert sampler.sample(model, prompts, 2, **length_limit(sampler, 2)).completion_ids.shape == (2, 2)
+    assert sampler.max_new_tokens == 6 and sampler.sample(model, prompts, 2).completion_ids.shape == (2, 6)

@@ -121,11 +121,13 @@ def test_filtered_sampling_and_engine_kwargs_reach_the_engine(engine_setup):
     assert gap < 1e-4
 
 
-def test_lora_policy_is_pushed_merged_and_left_unmerged(engine_setup):
+def test_lora_policy_is_pushed_merged_and_left_unmerged(engine_setup, monkeypatch):
     from peft import LoraConfig, get_peft_model
 
-    _, tokenizer, sampler, prompts = engine_setup
+    model, tokenizer, sampler, prompts = engine_setup
+    monkeypatch.setattr(sampler.args, "vllm_lora_sync", "merged")  # adapters alone: test_vllm_lora.py
     base, _ = tiny_model()  # the engine's starting weights
+    base.config._name_or_path = model.config._name_or_path  # where an engine built for this test loads them
     lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj", "down_proj"],
                                            init_lora_weights=False))
     try:
@@ -161,7 +163,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
 
 
 def test_trl_style_script_trains_in_a_plain_python_process(tmp_path, engine_setup):
-    """use_vllm=True, the library's default prompt length (512) on a 512-position model, no launcher."""
+    """use_vllm=True with the library's defaults (no prompt truncation) on a 512-position model, no launcher."""
     model, tokenizer, _, _ = engine_setup
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)

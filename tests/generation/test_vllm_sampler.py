@@ -169,8 +169,9 @@ def test_async_rollouts_generate_from_the_sampling_weights_pushed_into_the_engin
 
     def generate(llm, prompts, sampling_params, use_tqdm):
         held = _weights_sum(llm.loaded[-1].items())
-        sampler_thread = trainer.async_rollouts is not None and threading.current_thread() is not threading.main_thread()
-        source = trainer.async_rollouts.snapshot if sampler_thread else trainer.model
+        running = trainer.rollouts.running  # async_rollouts' AsyncRollouts while train() runs
+        sampler_thread = running is not None and threading.current_thread() is not threading.main_thread()
+        source = running.snapshot if sampler_thread else trainer.model
         generations.append((sampler_thread, held, _weights_sum(policy_weights(source))))
         return original_generate(llm, prompts, sampling_params, use_tqdm)
 

@@ -228,3 +228,32 @@ def test_the_kv_cache_goes_by_the_name_the_model_takes(make_model):
             return input_ids
 
     assert cache_argument(OlderModel()) == "past_key_values"
+
+
+def test_no_grad_passes_take_whole_rows_on_cuda_and_grouped_elsewhere():
+    """Issue #46: on CUDA the whole rows keep SDPA's flash kernel (no mask); elsewhere the prompt runs once a group."""
+    from rloo.passes.prefix_logprobs import grouped_pays
+
+    assert grouped_pays(torch.device("cpu")) and grouped_pays("cpu")
+    assert not grouped_pays(torch.device("cuda")) and not grouped_pays("cuda:0")
+
+
+def test_reference_is_bf16_only_for_bf16_autocast_on_cuda(make_model):
+    """The frozen reference's parameters go to bf16 (buffers such as inv_freq stay fp32) under bf16 on CUDA only."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from rloo.distributed.sharding import reference_in_compute_dtype
+
+    def accelerator(device, precision, kind=DistributedType.NO):
+        return SimpleNamespace(device=torch.device(device), mixed_precision=precision, distributed_type=kind)
+
+    for kept in (accelerator("cpu", "bf16"), accelerator("cuda", "no"), accelerator("cuda", "bf16", DistributedType.FSDP)):
+        model = make_model()
+        assert all(p.dtype == torch.float32 for p in reference_in_compute_dtype(model, kept).parameters())
+    model = reference_in_compute_dtype(make_model(), accelerator("cuda", "bf16"))
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    frequencies = [b for name, b in model.named_buffers() if "inv_freq" in name]
+    assert frequencies and all(b.dtype == torch.float32 for b in frequencies)
+    assert reference_in_compute_dtype(None, accelerator("cuda", "bf16")) is None

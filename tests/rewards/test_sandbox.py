@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from sandbox_helpers import processes_with
 
 from rloo.rewards import code_execution
 from rloo.rewards.isolation import isolation_layers
@@ -84,7 +85,7 @@ def test_a_setsid_grandchild_dies_with_the_run():
             f"        os.execv('/bin/sleep', ['sleep', '{token}'])\n    os._exit(0)\n" + HONEST)
     assert score(code).passed == 2
 
-    left = _processes_with(token)
+    left = processes_with(token)
     for pid in left:  # clean up before failing
         os.kill(int(pid), 9)
     assert not left
@@ -143,20 +144,67 @@ def test_it_refuses_without_isolation_unless_allowed(monkeypatch):
     monkeypatch.delenv(isolation.ALLOW_UNISOLATED_ENV, raising=False)
     with pytest.raises(SandboxUnavailable, match="allow_unisolated=True"):
         run_tests(HONEST, TESTS)
+    with pytest.raises(SandboxUnavailable, match="allow_unisolated=True"):  # naming both layers is not enough
+        run_tests(HONEST, TESTS, allow_missing=["namespaces", "landlock"])
     assert run_tests(HONEST, TESTS, allow_unisolated=True).passed == 2
     monkeypatch.setenv(isolation.ALLOW_UNISOLATED_ENV, "1")
     assert code_execution([HONEST], tests=[TESTS]) == [1.0]
 
 
-def _processes_with(token: str) -> list[int]:
-    """Pids whose command line holds `token`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            found += [int(pid)] if token.encode() in open(f"/proc/{pid}/cmdline", "rb").read() else []
-        except OSError:
-            pass
-    return found
+@pytest.mark.skipif(not LAYERS["landlock"], reason="the weaker sandbox left here needs Landlock")
+def test_without_namespaces_it_fails_closed_unless_accepted_by_name(monkeypatch):
+    """A machine whose namespaces layer cannot start (simulated) refuses by default, naming the layer, the
+    reason and the fix; each of the four ways of accepting it by name lets the code run under Landlock."""
+    from rloo.rewards import isolation
+    monkeypatch.setattr(isolation, "isolation_layers",
+                        lambda: {"namespaces": False, "landlock": True, "pids_cgroup": LAYERS["pids_cgroup"]})
+    monkeypatch.setattr(isolation, "probe_namespaces", lambda: (None, "unshare: Operation not permitted"))
+    monkeypatch.setattr(isolation, "_allowed_missing", frozenset())
+    for name in (isolation.ALLOW_UNISOLATED_ENV, isolation.ALLOW_MISSING_ENV, isolation.DISABLE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SandboxUnavailable) as refused:
+        run_tests(HONEST, TESTS)
+    message = str(refused.value)
+    for part in ("namespaces layer", "unshare: Operation not permitted", "user.max_user_namespaces",
+                 "sandbox_allow_missing=['namespaces']", "RLOO_SANDBOX_ALLOW_MISSING=namespaces"):
+        assert part in message
+    with pytest.raises(SandboxUnavailable):
+        code_execution([HONEST], tests=[TESTS])
+    with pytest.raises(SandboxUnavailable):
+        run_tests(HONEST, TESTS, allow_missing=["pids_cgroup"])  # another layer's name does not do
+    assert run_tests(HONEST, TESTS, allow_missing=["namespaces"]).passed == 2
+    assert code_execution([HONEST], tests=[TESTS], allow_missing=["namespaces"]) == [1.0]
+    isolation.allow_missing(["namespaces"])  # what RLOOConfig(sandbox_allow_missing=["namespaces"]) sets
+    assert run_tests(HONEST, TESTS).passed == 2
+    isolation.allow_missing(())
+    monkeypatch.setenv(isolation.ALLOW_MISSING_ENV, "namespaces")
+    assert run_tests(HONEST, TESTS).passed == 2
+    monkeypatch.setenv(isolation.ALLOW_MISSING_ENV, "")
+    monkeypatch.setenv(isolation.DISABLE_ENV, "namespaces")  # switched off on purpose: named too
+    assert run_tests(HONEST, TESTS).passed == 2
+    with pytest.raises(ValueError, match="unknown sandbox layer"):
+        run_tests(HONEST, TESTS, allow_missing=["namespace"])
+
+
+def test_a_run_with_a_code_reward_checks_the_sandbox_at_start_and_says_its_layers(monkeypatch, capsys):
+    from rloo.cli import _check_code_sandbox
+    from rloo.config import ConfigError, RLOOConfig
+    from rloo.rewards import exact_match, isolation
+    monkeypatch.setattr(isolation, "isolation_layers", lambda: {"namespaces": False, "landlock": True, "pids_cgroup": True})
+    monkeypatch.setattr(isolation, "probe_namespaces", lambda: (None, "unshare: Operation not permitted"))
+    for name in (isolation.ALLOW_UNISOLATED_ENV, isolation.ALLOW_MISSING_ENV, isolation.DISABLE_ENV, "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    config = RLOOConfig(output_dir="unused", report_to="none")
+    _check_code_sandbox([exact_match], config)  # no code reward: nothing checked, nothing said
+    assert capsys.readouterr().out == ""
+    with pytest.raises(SandboxUnavailable, match="namespaces layer"):
+        _check_code_sandbox([exact_match, code_execution], config)
+    config = RLOOConfig(output_dir="unused", report_to="none", sandbox_allow_missing=["namespaces"])
+    _check_code_sandbox([code_execution], config)
+    assert capsys.readouterr().out.startswith("code sandbox layers: landlock (ABI ")
+    monkeypatch.setattr(isolation, "_allowed_missing", frozenset())
+    with pytest.raises(ConfigError, match="sandbox_allow_missing names unknown layers"):
+        RLOOConfig(output_dir="unused", sandbox_allow_missing=["netns"])
 
 
 def _wait_for(condition, attempts=300):
@@ -176,12 +224,12 @@ def test_the_child_dies_with_the_trainer():
         f"run_tests(\"import os\\nos.execv('/bin/sleep', ['sleep', '{token[:3]}' + '{token[3:]}'])\", ['assert True'], "
         "timeout_s=60)")])  # the token split, so that only the sleeping child's command line holds it
     try:
-        assert _wait_for(lambda: _processes_with(token), attempts=1800), "the sandboxed child never started"
+        assert _wait_for(lambda: processes_with(token), attempts=1800), "the sandboxed child never started"
     finally:
         trainer.kill()  # SIGKILL: no cleanup code of the trainer runs
         trainer.wait()
-    died = _wait_for(lambda: not _processes_with(token), attempts=600)
-    for pid in _processes_with(token):
+    died = _wait_for(lambda: not processes_with(token), attempts=600)
+    for pid in processes_with(token):
         os.kill(pid, 9)
     assert died
     if LAYERS["pids_cgroup"]:  # the dead trainer's cgroup is removed by the next process that probes for one

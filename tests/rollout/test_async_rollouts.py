@@ -47,7 +47,7 @@ def _fingerprint(model):
 @pytest.mark.parametrize("worker", ["process", "thread"])
 def test_each_rollout_is_sampled_one_rollout_behind(tmp_path, make_model, tokenizer, digit_dataset, worker,
                                                     monkeypatch):
-    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    monkeypatch.setattr("rloo.rollout.async_rollouts.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
     sampler = RecordingSampler(tokenizer, 6, tmp_path / "seen.txt")
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path), train_dataset=digit_dataset,
                           processing_class=tokenizer, sampler=sampler)
@@ -76,7 +76,7 @@ def test_max_staleness_bounds_how_far_the_sampler_runs_ahead(tmp_path, make_mode
                                                              monkeypatch):
     # A slow learner (0.3 s a step) and max_staleness 2: the sampler queues two rollouts ahead and each
     # starts from the newest weights, so rollout r is sampled from W_{r-2} (W0 for the first three).
-    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    monkeypatch.setattr("rloo.rollout.async_rollouts.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
     sampler = RecordingSampler(tokenizer, 6, tmp_path / "seen.txt")
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, max_steps=6, max_staleness=2),
                           train_dataset=digit_dataset, processing_class=tokenizer, sampler=sampler)
@@ -102,7 +102,7 @@ def test_a_slow_sampler_keeps_its_weights_while_the_learner_publishes(tmp_path, 
                                                                        worker, monkeypatch):
     # A slow sampler (0.3 s a rollout) and max_staleness 2: the learner publishes new weights while the
     # sampler is still sampling. Each rollout is sampled from one whole published W_j, j >= r - 2.
-    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    monkeypatch.setattr("rloo.rollout.async_rollouts.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
     sampler = RecordingSampler(tokenizer, 6, tmp_path / "seen.txt", delay_s=0.3)
     trainer = RLOOTrainer(make_model(), digit_fraction, args=_config(tmp_path, max_steps=6, max_staleness=2),
                           train_dataset=digit_dataset, processing_class=tokenizer, sampler=sampler)

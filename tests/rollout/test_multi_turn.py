@@ -466,9 +466,9 @@ def test_fast_sampler_logprobs_across_turns_match_the_training_pass(tmp_path):
     tokenizer = tool_tokenizer()
 
     class ForcedFastSampler(FastSampler):
-        def sample(self, model, prompts, num_generations):
+        def sample(self, model, prompts, num_generations, **kwargs):
             self.forced, self.step = _forced_ids(tokenizer, tokenizer.decode(prompts[0])), 0
-            return super().sample(model, prompts, num_generations)
+            return super().sample(model, prompts, num_generations, **kwargs)
 
         def _next_token(self, logits, suppressed=None):
             token = torch.full((logits.shape[0],), self.forced[min(self.step, len(self.forced) - 1)])
@@ -654,7 +654,7 @@ def test_async_rollouts_with_an_environment_run_the_sampler_s_own_environments(t
 
     from rloo.rollout.async_rollouts import AsyncRollouts
 
-    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    monkeypatch.setattr("rloo.rollout.async_rollouts.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
     monkeypatch.setattr(WhereRun, "record_to", str(tmp_path / "resets.jsonl"))
 
     def script(text, row):
@@ -734,7 +734,6 @@ def test_rloo_eval_runs_the_config_s_environment(tmp_path, capsys):
 
 
 def test_tool_and_environment_inputs_are_refused_by_name(tmp_path):
-    from types import SimpleNamespace
 
     from rloo.builders import build_multi_turn
     from rloo.rollout.multi_turn import MultiTurnRollout
@@ -759,6 +758,5 @@ def test_tool_and_environment_inputs_are_refused_by_name(tmp_path):
 
     with pytest.raises(ConfigError, match="the environment NoReset .* has no `reset` method"):
         MultiTurnRollout(None, 8, 8, None, {0}, environment_factories={None: NoReset})
-    trainer = SimpleNamespace(args=_config(tmp_path), tokenizer=None, sampler=None)
     with pytest.raises(ConfigError, match="give either rollout_func or tools / environment_factory, not both"):
-        build_multi_turn(trainer, [add], None, lambda prompts, trainer: {})
+        build_multi_turn(_config(tmp_path), None, None, [add], None, lambda prompts, trainer: {})

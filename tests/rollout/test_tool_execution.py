@@ -1,4 +1,4 @@
-"""How tools and async reward functions run (tools/execution.py, run/event_loop.py): one event loop for the
+"""How tools and async reward functions run (tools/execution.py, event_loop.py): one event loop for the
 whole run, so an async client or lock made in round 1 works in round 2 and at the next step; a plain tool's
 timeout ends the wait, and plain tools still run one at a time after a timeout."""
 
@@ -13,7 +13,7 @@ from datasets import Dataset
 from tool_chat import ScriptedSampler, call, tool_tokenizer
 
 from rloo import RLOOConfig, RLOOTrainer
-from rloo.run.event_loop import EventLoop
+from rloo.event_loop import EventLoop
 from rloo.tools import ToolCall, run_tool_calls
 from rloo.toy import build_tiny_model
 

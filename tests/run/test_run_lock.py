@@ -1,7 +1,7 @@
 """One run per output_dir: the lock (run/run_lock.py) refuses a second run at once, names the first, writes
 nothing for the refused one, never refuses a run's own processes, and dies with its holder.
 
-The 20-launch figure in docs/checkpoints.md comes from benchmarks/run_lock.py; here, 3 launches."""
+The 20-launch figure in docs/checkpoints.md comes from benchmarks/runs/run_lock.py; here, 3 launches."""
 
 import json
 import os

@@ -25,7 +25,7 @@ def test_a_streamed_train_set_reads_dispatch_batches_false_and_refuses_true(tmp_
                                                                                digit_dataset, caplog):
     args = _config(tmp_path, dataloader_num_workers=4)
     assert args.accelerator_config.dispatch_batches is None  # unset, as in transformers
-    with caplog.at_level(logging.WARNING, logger="rloo.run.trainer_api"):
+    with caplog.at_level(logging.WARNING, logger="rloo.data.dataset_rows"):
         RLOOTrainer(make_model(), digit_fraction, args=args, train_dataset=_streamed(digit_dataset),
                     processing_class=tokenizer)
     assert args.accelerator_config.dispatch_batches is False and args.dataloader_num_workers == 0

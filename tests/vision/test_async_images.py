@@ -34,7 +34,7 @@ def test_async_rollouts_carry_the_sampled_images_to_the_training_pass(tmp_path, 
     """Rollout 0 is sampled from the weights the first step starts from, so the sampler's log-probs (pi_old, computed
     in the worker with the images it encoded) equal the policy's log-probs recomputed here from the rollout's images;
     with the images of other rows they do not (the check can fail). Three steps train, one rollout behind."""
-    monkeypatch.setattr("rloo.trainer.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
+    monkeypatch.setattr("rloo.rollout.async_rollouts.AsyncRollouts", functools.partial(AsyncRollouts, worker=worker))
     args = RLOOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=4, max_prompt_length=512, learning_rate=1e-3, beta=0.0, max_steps=3,
                       logging_steps=1, save_steps=0, seed=0, report_to="none", async_rollouts=True)

@@ -65,7 +65,7 @@ def test_kept_rows_of_several_rounds_carry_their_own_prompts_images(tmp_path, fa
     trainer = RLOOTrainer(standin_vlms.model(family), _half_constant, args=args, train_dataset=dataset,
                           processing_class=standin_vlms.processor(family))
     rows = [dataset[i] for i in range(3)]
-    rollout, samples, stats = trainer.dynamic_sampler.collect(rows, rollout_index=0, global_step=0, episode=0)
+    rollout, samples, stats = trainer.rollouts.collect(rows, rollout_index=0, global_step=0, episode=0)
 
     kept = [_index(prompt) for prompt in samples.prompts]
     assert stats["dynamic_sampling/rounds"] >= 2 and stats["dynamic_sampling/zero_spread_kept"] == 0, stats
@@ -75,7 +75,7 @@ def test_kept_rows_of_several_rounds_carry_their_own_prompts_images(tmp_path, fa
     assert len(vision.rows) == rollout.prompt_ids.shape[0] == len(kept) == 6
     assert len(vision.per_prompt) == 3  # the dropped groups' tensors are not kept
     for row, index in enumerate(kept):
-        ids, alone = trainer.collector.images.encode([dataset[index]])
+        ids, alone = trainer.collector.prompt_stage.encoder.encode([dataset[index]])
         assert rollout.prompt_ids[row][rollout.prompt_mask[row].bool()].tolist() == ids[0]
         prompt = vision.rows[row]
         assert alone.per_prompt[0].keys() == vision.per_prompt[prompt].keys()

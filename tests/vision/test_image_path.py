@@ -53,7 +53,7 @@ def test_a_model_id_loads_its_processor_and_image_text_class(tmp_path, family):
     trainer = RLOOTrainer(str(folder), _length_reward, args=_config(tmp_path),
                           train_dataset=standin_vlms.image_dataset(4))
     assert type(trainer.accelerator.unwrap_model(trainer.model)).__name__ == type(standin_vlms.model(family)).__name__
-    assert trainer.collector.images is not None  # the image stage took the loaded processor
+    assert trainer.collector.prompt_stage.image_column == "image"  # the image stage took the loaded processor
     trainer.train()
 
 
@@ -211,7 +211,7 @@ def test_images_column_paths_and_placeholders(tmp_path):
                           processing_class=standin_vlms.processor("llava_next"))
     trainer.train()
     assert seen[0] == paths[:2] and len(seen) == 4  # rewards get the column as the dataset holds it, as in TRL
-    assert trainer.collector.images.encode([rows[0]])[1].num_images == [2]
+    assert trainer.collector.prompt_stage.encoder.encode([rows[0]])[1].num_images == [2]
 
 
 @pytest.mark.parametrize("log_multimodal", [True, False])

@@ -11,6 +11,7 @@ unknown keys and flags are errors, not ignored. `cli.rewards` reads `--reward_fu
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import traceback
@@ -20,7 +21,7 @@ from rloo.cli.parser import parse_train_args
 from rloo.cli.rewards import resolve_reward_func, tool_arguments
 from rloo.compat import config_fields, trl_flags
 from rloo.config import ConfigError
-from rloo.run.safe_text import visible
+from rloo.safe_text import visible
 
 __all__ = ["main", "parse_train_args", "resolve_reward_func", "run_train"]
 
@@ -59,9 +60,11 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
     tokenizer = model_loading.load_tokenizer(  # also for rewards that read token ids
         script.model_name_or_path, "model", **({"revision": revision} if revision else {}),
         **({"trust_remote_code": True} if config.trust_remote_code else {}))
+    reward_funcs = [resolve_reward_func(spec, tokenizer, config.chat_template_kwargs) for spec in script.reward_funcs]
+    _check_code_sandbox(reward_funcs, config)
     trainer = RLOOTrainer(
         model=script.model_name_or_path,
-        reward_funcs=[resolve_reward_func(spec, tokenizer, config.chat_template_kwargs) for spec in script.reward_funcs],
+        reward_funcs=reward_funcs,
         args=config,
         processing_class=tokenizer,
         train_dataset=train_dataset,
@@ -87,13 +90,26 @@ def _train(script: Any, config: Any, resume: str | None) -> None:
         print(f"Pushed {config.output_dir} to the Hub: {url}")
 
 
+def _check_code_sandbox(reward_funcs: list, config: Any) -> None:
+    """With a code reward: refuse now if the sandbox cannot isolate it (fails closed), and say which layers it uses."""
+    import os
+
+    from rloo.rewards import isolation
+
+    layers = isolation.check_for_run(reward_funcs, config.sandbox_allow_missing)
+    if layers is not None and os.environ.get("RANK", "0") == "0":  # once, not once per process
+        print(isolation.describe_layers(layers), flush=True)
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by bad input: printed as one message, without a traceback (--debug shows it), exit status 2."""
     from rloo.distributed.launch import LaunchError
+    from rloo.rewards.isolation import SandboxUnavailable
     from rloo.rewards.scoring import RewardError
     from rloo.run.checkpoint import CheckpointError
 
-    return (ConfigError, CheckpointError, FileNotFoundError, RewardError, config_fields.TRLFieldError, LaunchError)
+    return (ConfigError, CheckpointError, FileNotFoundError, RewardError, config_fields.TRLFieldError, LaunchError,
+            SandboxUnavailable)
 
 
 # What a signal outside the training loop interrupted, by command.
@@ -102,6 +118,10 @@ STOPPED = {"train": " before training began; nothing was saved.",
            "eval": " during evaluation; no eval_results.json was written (--max_eval_samples N scores fewer prompts).",
            "report": "; no report was written.",
            "vllm-serve": "; the server has stopped."}
+
+
+# Errors of the storage under output_dir, not of rloo: reported in one line, as a user error.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 
 
 class _Terminated(BaseException):
@@ -146,6 +166,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         if debug:
             traceback.print_exc()
         print(f"rloo: error: {visible(str(error), keep=chr(10))}", file=sys.stderr)  # may quote completions
+        raise SystemExit(2) from None
+    except OSError as error:  # a full disk or a folder made read-only mid-run (issue #48): the errno and the path
+        if error.errno not in STORAGE_ERRNOS:
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"rloo: error: {error}. The run cannot write its files: free disk space or make the folder writable, "
+              f"then resume with --resume_from_checkpoint latest (the last complete checkpoint is intact).",
+              file=sys.stderr)
         raise SystemExit(2) from None
     except (KeyboardInterrupt, _Terminated) as error:  # a signal while loading (training handles its own)
         name = "SIGINT" if isinstance(error, KeyboardInterrupt) else "SIGTERM"

@@ -22,7 +22,7 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     from rloo.cli.rewards import resolve_reward_func, tool_arguments
     from rloo.data.loading import first_rows, held_out_split, load_prompt_dataset
     from rloo.run.console import format_value
-    from rloo.run.safe_text import visible
+    from rloo.safe_text import visible
     from rloo.trainer import RLOOTrainer
 
     parser = argparse.ArgumentParser(
@@ -38,11 +38,8 @@ def run_eval(argv: Sequence[str]) -> dict[str, float]:
     if not script.dataset_name or not (script.reward_funcs or script.environment_factory):
         raise ConfigError("rloo eval needs --dataset_name and --reward_funcs (as flags or YAML keys; an "
                           "--environment_factory with get_reward may stand in for the last).")
-    # Nothing is trained: no tracker run is opened and the run length is irrelevant. (replace() rebuilds the
-    # config from its own fields; the TRL values it was given, such as per_device_eval_batch_size, are carried.)
-    trl_values = config.__dict__.get("_trl_values", {})
+    # Nothing is trained: no tracker run is opened and the run length is irrelevant.
     config = dataclasses.replace(config, report_to="none", save_steps=0, log_completions=False)  # samples: below
-    config._trl_values = {**trl_values, **config.__dict__.get("_trl_values", {})}
     split = script.eval_split or held_out_split(script.dataset_name, script.dataset_config, script.dataset_split) \
         or script.dataset_split
     dataset = load_prompt_dataset(script.dataset_name, split, script.dataset_config)

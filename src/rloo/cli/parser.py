@@ -19,6 +19,7 @@ import yaml
 
 from rloo.compat import config_fields, trl_flags
 from rloo.compat.scripts import DatasetMixtureConfig, ModelConfig, RLOOScriptArguments
+from rloo.compat.trl_config import RLOOConfig as TRLNamedConfig
 from rloo.config import ALIASES, ConfigError, RLOOConfig, field_docs
 from rloo.config_checks import check_field_types
 
@@ -100,6 +101,8 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str)
             kwargs.update(type=_parse_mapping, metavar="YAML")
         elif base is bool:
             kwargs.update(nargs="?", const=True, type=_parse_bool, metavar="BOOL")
+        elif len([a for a in args if a is not type(None)]) > 1:  # int | str, such as pad_to_multiple_of: 8 or auto
+            kwargs.update(type=lambda text: yaml.load(text, Loader=_YamlLoader), metavar="VALUE")
         else:
             kwargs["type"] = base
         group.add_argument(f"--{f.name}", **kwargs)
@@ -244,7 +247,7 @@ def parse_train_args(argv: Sequence[str]) -> tuple[TrainInputs, RLOOConfig, str 
     if script.max_eval_samples is not None and script.max_eval_samples < 1:
         raise ConfigError(f"max_eval_samples must be at least 1 (the eval prompts kept), got {script.max_eval_samples}; "
                           f"leave it unset to evaluate every prompt.")
-    config = RLOOConfig(**config_values)
+    config = TRLNamedConfig(**config_values)  # rloo.RLOOConfig: TRL's names too
     return script, config, resume
 
 

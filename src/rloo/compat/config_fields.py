@@ -1,11 +1,12 @@
 """TRL's config vocabulary: every field of trl.RLOOConfig (and the TrainingArguments it inherits)
-gets an answer at construction.
+gets an answer at construction (`translate`, called by `compat.trl_config.RLOOConfig`).
 
-A field of `RLOOConfig` with the same name is honoured as is. Every other TRL name is in `TRL_FIELDS`:
+A field of rloo's `RLOOConfig` with the same name is honoured as is. Every other TRL name is in `TRL_FIELDS`:
 
 * **mapped**: the value becomes one or more of our fields (`steps_per_generation` -> `num_mini_batches`);
+  a few of our own fields are here too, for TRL's spelling of their values (`save_strategy=False`);
 * **accepted**: the value asks for what rloo does anyway (or is only read by scripts, like
-  `push_to_hub`); it is kept and readable as `config.<name>`;
+  `do_train`); it is readable as `config.<name>` and nothing in rloo reads it;
 * **refused**: a `ConfigError` that names the field, says why and what to use instead.
 
 Each answer accepts TRL's default value silently (it asks for nothing), so a script that passes a
@@ -16,15 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import importlib.util
 import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rloo.config import ALIASES, ConfigError, resolve_aliases
-from rloo.generation.options import GENERATION_KWARGS, engine_kwargs
+from rloo.config_checks import DATALOADER_OPTIONS, ENGINE_OWNED, GENERATION_KWARGS
+from rloo.generation.options import engine_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ _SENTINEL = object()
 
 
 class TRLFieldError(ValueError):
-    """Raised by a table entry; `install_trl_fields` re-raises it as ConfigError."""
+    """Raised by a table entry; `compat.trl_config.RLOOConfig` re-raises it as ConfigError."""
 
 
 @dataclass(frozen=True)
@@ -83,22 +83,20 @@ NO_DATALOADER = "rloo has no DataLoader: prompts are picked by a seeded schedule
 NO_PREDICT = "rloo's evaluation samples and scores completions; there are no labels or predictions to gather"
 
 
-DATALOADER_OPTIONS = ("dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking")
+def _accelerator_config(value: Any, given: dict) -> dict:
+    """transformers' AcceleratorConfig from a dict or None, as TrainingArguments builds it, so that
+    `args.accelerator_config.dispatch_batches` reads as in TRL (config_checks refuses keys other than the
+    DataLoader's)."""
+    from transformers.trainer_pt_utils import AcceleratorConfig
 
-
-def _dataloader_only(value: Any) -> bool:
-    """An accelerator_config (dict or transformers' AcceleratorConfig) that sets only DataLoader options."""
     if value is None:
-        return True
-    if not isinstance(value, dict):
-        value = {k: v for k, v in vars(value).items() if v is not None} if hasattr(value, "__dict__") else None
-    if value is None:
-        return False
-    others = sorted(set(value) - set(DATALOADER_OPTIONS))
-    if others:
-        raise TRLFieldError(f"accelerator_config keys {others}: {ACCELERATE}. Instead: {ACCELERATE_INSTEAD}. "
-                            f"Only {list(DATALOADER_OPTIONS)} are accepted (rloo has no DataLoader for them to change).")
-    return True
+        return {"accelerator_config": AcceleratorConfig()}
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(AcceleratorConfig)})
+        if unknown:
+            raise TRLFieldError(f"accelerator_config keys {unknown} are not options of transformers' AcceleratorConfig.")
+        return {"accelerator_config": AcceleratorConfig(**value)}
+    return {"accelerator_config": value}
 
 
 def _world_size() -> int:
@@ -141,10 +139,6 @@ def _generation_batch_size(value: Any, given: dict) -> dict:
 
 
 
-
-ENGINE_OWNED = {"eos_token_id", "pad_token_id", "num_return_sequences", "max_length", "n", "max_tokens"}
-
-
 def _needs_generate(extra: dict, given: dict) -> dict:
     """Options only an engine can honour: sampler='generate' unless a sampler was chosen; the fast sampler
     refuses them by name (setup.default_sampler), the others take them."""
@@ -156,29 +150,21 @@ def _needs_generate(extra: dict, given: dict) -> dict:
 
 
 def _generation_kwargs(value: Any, given: dict) -> dict:
-    if not value:
-        return {}
-    if not isinstance(value, dict):
-        raise TRLFieldError(f"generation_kwargs must be a mapping, got {value!r}.")
-    out = {}
-    for key, item in value.items():
-        if key == "do_sample" and item is not True:
-            raise TRLFieldError("generation_kwargs do_sample=False would make the num_generations completions of a "
-                                "prompt identical (no learning signal); leave do_sample unset.")
-        if key in ENGINE_OWNED:
-            raise TRLFieldError(f"generation_kwargs[{key!r}] is set by rloo from its own fields (stop_token_ids, "
-                                f"num_generations, max_completion_length); set those instead.")
-        if key in GENERATION_KWARGS:
-            out[GENERATION_KWARGS[key]] = item
-    return {**out, **_needs_generate(engine_kwargs(value, given.get("repetition_penalty")), given)}
+    """The keys that are our fields are copied onto them (config_checks then finds them equal); the keys only an
+    engine takes choose sampler='generate' when no sampler was chosen."""
+    if not value or not isinstance(value, dict):
+        return {"generation_kwargs": value}  # config_checks refuses what is not a mapping
+    if value.get("do_sample", True) is not True or set(value) & set(ENGINE_OWNED):
+        return {"generation_kwargs": value}  # refused by config_checks, by key
+    fields = {GENERATION_KWARGS[key]: item for key, item in value.items() if key in GENERATION_KWARGS}
+    return {"generation_kwargs": value, **fields,
+            **_needs_generate(engine_kwargs(value, given.get("repetition_penalty")), given)}
 
 
 def _repetition_penalty(value: Any, given: dict) -> dict:
-    if not isinstance(value, (int, float)) or value <= 0:
-        raise TRLFieldError(f"repetition_penalty={value!r} must be a positive number (1.0 disables).")
-    if given.get("generation_kwargs"):
-        return {}  # generation_kwargs' mapping decides the sampler with it
-    return _needs_generate(engine_kwargs(None, value), given)
+    if given.get("generation_kwargs") or not isinstance(value, (int, float)) or value <= 0:
+        return {"repetition_penalty": value}  # generation_kwargs' mapping decides the sampler with it; config_checks
+    return {"repetition_penalty": value, **_needs_generate(engine_kwargs(None, value), given)}  # refuses bad values
 
 
 def _report_to(value: Any, given: dict) -> dict:
@@ -209,12 +195,9 @@ def _eval_strategy(value: Any, given: dict) -> dict:
 
 def _save_strategy(value: Any, given: dict) -> dict:
     value = "no" if value is False else value  # YAML reads a bare `no` as False
-    if value == "steps":
-        return {}
     if value == "no":
-        return {"save_steps": 0}
-    raise TRLFieldError(f"save_strategy={value!r}: rloo checkpoints every save_steps optimizer steps. "
-                        f"Use save_strategy='steps' with save_steps, or 'no'.")
+        return {"save_strategy": "no", "save_steps": 0}  # TRL's "no" ignores save_steps; rloo's wants it 0
+    return {"save_strategy": value}  # config_checks refuses a value other than "steps"
 
 
 def _optim(value: Any, given: dict) -> dict:
@@ -259,16 +242,14 @@ TRL_FIELDS: dict[str, Answer] = {
                           "RLOOTrainer(optimizers=(optimizer, scheduler))"),
     "optim_target_modules": refused(None, "GaLore-style optimizers are not built in",
                                     "RLOOTrainer(optimizers=(optimizer, scheduler))"),
-    "lr_scheduler_kwargs": accepted(None, "passed to transformers' get_scheduler, e.g. {'min_lr_rate': 0.1} for "
-                                    "cosine_with_min_lr", ok=lambda v: isinstance(v, dict)),
     "label_smoothing_factor": refused(0.0, "RL has no labels to smooth", "leave it at 0"),
     "average_tokens_across_devices": accepted(True, "the loss denominators are fixed by loss_agg_mode over the whole "
                                               "optimizer step (update.py)", ok=lambda v: v is True),
     "neftune_noise_alpha": refused(None, "NEFTune is a supervised fine-tuning trick", "leave it unset"),
-    # benchmarks/torch_compile.py (tiny model, CPU): the first step took 938 s compiled against 3.8 s eager, the
+    # benchmarks/speed/torch_compile.py (tiny model, CPU): the first step took 938 s compiled against 3.8 s eager, the
     # later ones 0.79 s against 2.96 s; compiling the sampler's and the trainer's shapes is the open part.
     "torch_compile": refused(False, "torch.compile of the policy is not available in rloo yet: on CPU the first "
-                             "compiled step took 938 s against 3.8 s eager (benchmarks/torch_compile.py)",
+                             "compiled step took 938 s against 3.8 s eager (benchmarks/speed/torch_compile.py)",
                              "leave it False"),
     "torch_compile_backend": not_yet(None, "torch.compile of the policy", "leave it unset"),
     "torch_compile_mode": not_yet(None, "torch.compile of the policy", "leave it unset"),
@@ -306,9 +287,6 @@ TRL_FIELDS: dict[str, Answer] = {
                             "eval_steps=0 (rloo still evaluates once at the end when given an eval_dataset)", _eval_strategy),
     "eval_steps": mapped(None, "None keeps 0 (evaluate only at the end)", _none_to_default("eval_steps")),
     "eval_delay": refused(0, "evaluation starts with the run", "eval_steps"),
-    "per_device_eval_batch_size": accepted(8, "evaluation samples per_device_eval_batch_size completions at a time "
-                                           "(whole groups of num_generations_eval; at least one group)",
-                                           ok=lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
     "prediction_loss_only": refused(False, NO_PREDICT, "leave it unset"),
     "eval_do_concat_batches": refused(True, NO_PREDICT, "leave it unset"),
     "eval_use_gather_object": refused(False, NO_PREDICT, "leave it unset"),
@@ -319,23 +297,19 @@ TRL_FIELDS: dict[str, Answer] = {
     "metric_for_best_model": refused(None, "rloo keeps no best-model bookkeeping", "pick a checkpoint-N directory"),
     "greater_is_better": refused(None, "rloo keeps no best-model bookkeeping", "pick a checkpoint-N directory"),
     # --- saving and the Hub ---
-    "save_strategy": mapped("steps", "'steps' uses save_steps; 'no' sets save_steps=0 and, as in TRL, train() writes no "
-                            "final model (save_model does)", _save_strategy),
+    "save_strategy": mapped("steps", "honoured: 'steps' uses save_steps; 'no' (or YAML's bare no) also sets save_steps=0 "
+                            "and, as in TRL, train() writes no final model (save_model does)", _save_strategy),
     "save_on_each_node": refused(False, "the main process writes checkpoints", "leave it False"),
     "enable_jit_checkpoint": refused(False, "checkpoints fall between rollouts only", "save_steps"),
     "restore_callback_states_from_checkpoint": refused(False, "callback states are not checkpointed", "leave it False"),
     "ignore_data_skip": refused(False, "resuming replays the seeded prompt schedule exactly, skipping nothing twice",
                                 "leave it False"),
-    "push_to_hub": accepted(False, "read by scripts; trainer.push_to_hub() pushes (rloo does not push at every save)"),
-    "hub_token": accepted(None, "used by trainer.push_to_hub()"),
-    "hub_private_repo": accepted(None, "used by trainer.push_to_hub()"),
-    "hub_model_id": accepted(None, "used by trainer.push_to_hub() (default: the output directory's name)"),
     "hub_strategy": accepted("every_save", "rloo pushes only when trainer.push_to_hub() is called"),
-    "hub_always_push": accepted(False, "used by trainer.push_to_hub()"),
-    "hub_revision": accepted(None, "used by trainer.push_to_hub()"),
+    "hub_always_push": accepted(False, "rloo pushes only when trainer.push_to_hub() is called, and then always"),
     # --- distributed ---
-    "accelerator_config": accepted(None, "only its DataLoader options (" + ", ".join(DATALOADER_OPTIONS) + "), "
-                                   "which change nothing in rloo: " + NO_DATALOADER, ok=lambda v: _dataloader_only(v)),
+    "accelerator_config": mapped(None, "a mapping becomes transformers' AcceleratorConfig (None: its defaults), as in "
+                                 "TRL; only its DataLoader options (" + ", ".join(DATALOADER_OPTIONS) + ") are taken, "
+                                 "which change nothing in rloo: " + NO_DATALOADER, _accelerator_config),
     "parallelism_config": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
     "fsdp": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
     "fsdp_config": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
@@ -345,13 +319,10 @@ TRL_FIELDS: dict[str, Answer] = {
     "ddp_broadcast_buffers": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
     "ddp_static_graph": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
     "ddp_backend": refused(None, ACCELERATE, ACCELERATE_INSTEAD),
-    "ddp_timeout": refused(1800, ACCELERATE, ACCELERATE_INSTEAD),
     "debug": refused("", "transformers' debug modes are not wired in", "leave it unset"),
     "skip_memory_metrics": accepted(True, "rloo reports no memory metrics"),
     # --- data ---
     "dataloader_drop_last": accepted(False, "rloo always drops an incomplete last batch of an epoch (whole groups only)"),
-    "dataloader_num_workers": accepted(0, NO_DATALOADER + "; prompts are read in the main process",
-                                       ok=lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
     "dataloader_pin_memory": accepted(True, NO_DATALOADER),
     "dataloader_persistent_workers": refused(False, NO_DATALOADER, "leave it unset"),
     "dataloader_prefetch_factor": refused(None, NO_DATALOADER, "leave it unset"),
@@ -362,23 +333,11 @@ TRL_FIELDS: dict[str, Answer] = {
     "train_sampling_strategy": mapped("random", "'sequential' sets shuffle_dataset=False", _train_sampling_strategy),
     "length_column_name": accepted("length", "no length grouping"),
     # --- TRL RLOOConfig: model ---
-    "trust_remote_code": accepted(False, "passed to from_pretrained of the model and the tokenizer"),
-    "router_aux_loss_coef": accepted(None, "honoured for MoE models (their config has output_router_logits): the "
-                                     "router load-balancing loss, times this weight, joins the loss and is logged as "
-                                     "aux_loss; unset or 0 adds none (TRL adds 0.001 by default); dense models "
-                                     "ignore it", ok=lambda v: isinstance(v, (int, float)) and v >= 0),
-    "pad_to_multiple_of": accepted("auto", "honoured in training: each micro-batch keeps as much of its padding as makes "
-                                   "prompt + completion width a multiple of it (as far as the rollout is wide); "
-                                   "'auto' and None trim all shared padding",
-                                   ok=lambda v: v in ("auto", None) or (isinstance(v, int) and not isinstance(v, bool)
-                                                                         and v > 0)),
     # --- TRL RLOOConfig: generation ---
     "steps_per_generation": mapped(None, "micro-batches per generation / gradient_accumulation_steps -> num_mini_batches",
                                    _steps_per_generation),
     "generation_batch_size": mapped(None, "/ (per_device_train_batch_size * processes) = steps_per_generation",
                                     _generation_batch_size),
-    "min_p": accepted(None, "honoured by every sampler: tokens less likely than min_p times the most likely one are "
-                      "not sampled", ok=lambda v: isinstance(v, (int, float)) and 0 <= v <= 1),
     "repetition_penalty": mapped(1.0, "honoured by transformers' generate: a value other than 1.0 sets "
                                  "sampler='generate' when no sampler was chosen (the fast sampler refuses it by name)",
                                  _repetition_penalty),
@@ -395,13 +354,6 @@ TRL_FIELDS: dict[str, Answer] = {
     **{name: refused(default, VLLM, VLLM_INSTEAD) for name, default in (
         ("vllm_model_impl", "vllm"), ("vllm_structured_outputs_regex", None), ("vllm_group_port", 51216))},
     # --- TRL RLOOConfig: reference model and logging ---
-    "sync_ref_model": accepted(False, "honoured: every ref_model_sync_steps optimizer steps the reference becomes "
-                               "(1 - ref_model_mixup_alpha) * reference + ref_model_mixup_alpha * policy (TR-DPO); it "
-                               "needs a reference copy (beta > 0, no peft_config)", ok=lambda v: isinstance(v, bool)),
-    "ref_model_mixup_alpha": accepted(0.6, "the weight of the policy when the reference is synced (sync_ref_model)",
-                                      ok=lambda v: isinstance(v, (int, float)) and 0 <= v <= 1),
-    "ref_model_sync_steps": accepted(512, "optimizer steps between reference syncs (sync_ref_model)",
-                                     ok=lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0),
     "num_completions_to_print": mapped(None, "None keeps 4 rows (TRL: all)", _none_to_default("num_completions_to_print")),
     "log_unique_prompts": not_yet(False, "de-duplicated prompt logging", "leave it False"),
     # --- TRL v0 names (besides the config.ALIASES renames) ---
@@ -451,100 +403,34 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def translate(values: dict[str, Any], own_fields: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split keyword arguments into our fields and kept TRL values, applying every mapping.
+    """Split keyword arguments into our fields and the other TRL names given, applying every mapping.
 
-    Returns (our field values, TRL values kept for `config.<name>`). Raises TRLFieldError for a
-    refused value, an unknown name, or a mapping that clashes with a value given directly.
+    Returns (our field values, the TRL-only values given, readable as `config.<name>`). Raises TRLFieldError
+    for a refused value, an unknown name, or a mapping that clashes with a value given directly.
     """
-    ours = {k: v for k, v in values.items() if k in own_fields}
+    # Our fields as given, but those in TRL_FIELDS: their mapping (below) says what they become.
+    ours = {k: v for k, v in values.items() if k in own_fields and k not in TRL_FIELDS}
     kept: dict[str, Any] = {}
     for name, value in values.items():
-        if name in own_fields:
-            if name in TRL_FIELDS:  # our field, with TRL's spelling of some values (None, lists, ...)
-                del ours[name]
-                ours.update(TRL_FIELDS[name].to(value, values))
-            continue
         answer = TRL_FIELDS.get(name)
         if answer is None:
+            if name in own_fields:
+                continue
             close = difflib.get_close_matches(name, sorted(own_fields | set(TRL_FIELDS)), n=1)
             hint = f" Did you mean `{close[0]}`?" if close else ""
             raise TRLFieldError(f"`{name}` is not a field of rloo's RLOOConfig nor of TRL's.{hint} "
                                 f"docs/trl_migration.md lists every field.")
-        if answer.kind == "mapped":
-            for field, new in answer.to(value, values).items():
-                if field in values and field != name and not _equal(values[field], new):
-                    raise TRLFieldError(f"`{name}={value!r}` means {field}={new!r}, but {field}={values[field]!r} "
-                                        f"was also given. Give one of them.")
-                if new != ours.get(field, _SENTINEL):
-                    logger.info("TRL field `%s=%r` -> %s=%r.", name, value, field, new)
-                ours[field] = new
-        else:
+        if answer.kind != "mapped":
             _check_one(name, value)
-            if name == "accelerator_config":
-                value = _as_accelerator_config(value)
-        kept[name] = value
-    if ours.get("lr_scheduler_type") == "cosine_with_min_lr" and not {"min_lr", "min_lr_rate"} & set(
-            kept.get("lr_scheduler_kwargs") or {}):
-        raise TRLFieldError("lr_scheduler_type='cosine_with_min_lr' needs lr_scheduler_kwargs={'min_lr': ...} or "
-                            "{'min_lr_rate': ...}; give one, or use lr_scheduler_type='cosine'.")
+            kept[name] = value
+            continue
+        for field, new in answer.to(value, values).items():
+            if field in values and field != name and not _equal(values[field], new):
+                raise TRLFieldError(f"`{name}={value!r}` means {field}={new!r}, but {field}={values[field]!r} "
+                                    f"was also given. Give one of them.")
+            if field != name and new != ours.get(field, _SENTINEL):
+                logger.info("TRL field `%s=%r` -> %s=%r.", name, value, field, new)
+            ours[field] = new
+        if name not in own_fields:
+            kept[name] = value
     return ours, kept
-
-
-def _as_accelerator_config(value: Any) -> Any:
-    """transformers' AcceleratorConfig from a dict or None, as TrainingArguments builds it, so that
-    `args.accelerator_config.dispatch_batches` reads as in TRL."""
-    from transformers.trainer_pt_utils import AcceleratorConfig
-
-    if value is None:
-        return AcceleratorConfig()
-    return AcceleratorConfig(**value) if isinstance(value, dict) else value
-
-
-def trl_attribute(config: Any, name: str) -> Any:
-    """`config.<trl name>`: the value given, else TRL's default; AttributeError for other names."""
-    kept = config.__dict__.get("_trl_values", {})
-    if name == "accelerator_config" and name not in kept and "_trl_values" in config.__dict__:
-        kept[name] = _as_accelerator_config(None)  # kept, so that a trainer's resolved option stays
-    if name in kept:
-        return kept[name]
-    if name in TRL_FIELDS:
-        return TRL_FIELDS[name].default
-    raise AttributeError(f"'RLOOConfig' object has no attribute '{name}'")
-
-
-def install_trl_fields(cls: type) -> type:
-    """Give rloo's RLOOConfig TRL's vocabulary: every TRL field name is honoured, mapped or refused by name
-    (`translate`), the values kept are readable as `config.<name>` (`trl_attribute`), and TRL v0's names
-    are keyword aliases of their fields. The public door (`rloo/__init__.py`) calls it once, so that the
-    config module itself knows nothing of TRL."""
-    if getattr(cls, "_trl_fields_installed", False):
-        return cls
-    original_init = cls.__init__
-    own_fields = {f.name for f in dataclasses.fields(cls)}
-
-    @functools.wraps(original_init)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # TRL's other field names are honoured, mapped or refused by name in config_fields (docs/trl_migration.md).
-        try:
-            ours, trl_values = translate(resolve_aliases(kwargs), own_fields)
-        except TRLFieldError as error:
-            raise ConfigError(str(error)) from None
-        self._trl_values = trl_values  # readable as config.<name>, e.g. push_to_hub, model_init_kwargs
-        try:
-            original_init(self, *args, **ours)
-        except ConfigError as error:
-            # A value that came in under a TRL name is reported under that name too.
-            given = [name for name in trl_values if name not in own_fields]
-            if given and not any(name in str(error) for name in given):
-                raise ConfigError(f"{error} (TRL fields given: {', '.join(given)})") from None
-            raise
-
-    def __getattr__(self: Any, name: str) -> Any:  # only called for names that are not set
-        return trl_attribute(self, name)
-
-    cls.__init__ = __init__
-    cls.__getattr__ = __getattr__
-    for old, new in ALIASES.items():
-        setattr(cls, old, property(lambda self, new=new: getattr(self, new), doc=f"Alias of `{new}`."))
-    cls._trl_fields_installed = True
-    return cls

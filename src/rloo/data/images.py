@@ -181,7 +181,7 @@ class ImagePromptEncoder:
 
     processor: Any
     column: str  # "image" or "images"
-    max_prompt_length: int
+    max_prompt_length: int | None  # None: no limit
     image_token_id: int | None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     device: torch.device | str = "cpu"
@@ -195,7 +195,7 @@ class ImagePromptEncoder:
                                                          return_dict=True, return_tensors="pt",
                                                          **self.chat_template_kwargs)
             ids = encoded["input_ids"][0].tolist()
-            if len(ids) > self.max_prompt_length:
+            if self.max_prompt_length is not None and len(ids) > self.max_prompt_length:
                 raise ConfigError(f"a prompt with images renders to {len(ids)} tokens, more than max_prompt_length="
                                   f"{self.max_prompt_length}; prompts with images are not truncated (that would cut "
                                   f"image tokens). Raise max_prompt_length or use smaller images.")

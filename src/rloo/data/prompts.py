@@ -95,13 +95,15 @@ def check_vocabulary(tokenizer: Any, model: Any) -> None:
                           f"model.resize_token_embeddings(len(tokenizer)) before training.")
 
 
-def tokenize_prompts(prompts: list, tokenizer: Any, max_length: int,
+def tokenize_prompts(prompts: list, tokenizer: Any, max_length: int | None,
                      chat_template_kwargs: dict[str, Any] | None = None) -> list[list[int]]:
-    """Token ids of each rendered prompt, keeping the last `max_length` (the question is usually at the end).
+    """Token ids of each rendered prompt, keeping the last `max_length` (the question is usually at the end;
+    None keeps every token, the default: max_prompt_length is an opt-in).
 
     Standard prompts get the tokenizer's default special tokens (e.g. BOS); chat-templated ones get none added.
     """
-    return [ids[-max_length:] for ids in _rendered_token_ids(prompts, tokenizer, chat_template_kwargs)]
+    rendered = _rendered_token_ids(prompts, tokenizer, chat_template_kwargs)
+    return rendered if max_length is None else [ids[-max_length:] for ids in rendered]
 
 
 def _rendered_token_ids(prompts: list, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> list[list[int]]:
@@ -127,9 +129,10 @@ def _rendered_token_ids(prompts: list, tokenizer: Any, chat_template_kwargs: dic
 _LENGTH_CHUNK = 256  # prompts per tokenizer call when measuring lengths
 
 
-def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: int, policy: str,
+def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: int | None, policy: str,
                          chat_template_kwargs: dict[str, Any] | None = None) -> None:
-    """Apply `truncate_prompts` up front: warn once with the count ("left") or reject the first long row ("error")."""
+    """Refuse rows that render to no tokens; with `max_length` set, apply `truncate_prompts` up front: warn once
+    with the count ("left") or reject the first long row ("error")."""
     if any(column in dataset.column_names for column in ("image", "images")):
         return  # rendered with their images by the processor at sampling time, and refused there when too long
     prompts = list(dataset["prompt"])
@@ -141,7 +144,7 @@ def check_prompt_lengths(dataset: Any, name: str, tokenizer: Any, max_length: in
     if empty:
         raise ConfigError(f"{name} row {empty[0]} renders to no tokens ({len(empty)} such rows); the model needs at "
                           f"least one prompt token. Drop those rows or give them text.")
-    too_long = [index for index, length in enumerate(lengths) if length > max_length]
+    too_long = [index for index, length in enumerate(lengths) if max_length is not None and length > max_length]
     if not too_long:
         return
     first = too_long[0]

@@ -152,6 +152,19 @@ def _remove_zero3_hooks(coordinator: Any) -> None:
 # ------------------------------------------------------------------ the reference model
 
 
+def reference_in_compute_dtype(reference: torch.nn.Module | None, accelerator: Any) -> torch.nn.Module | None:
+    """The frozen reference with its parameters in bf16 when the run is bf16 autocast on one CUDA device or plain
+    data parallel (issue #46): it is only read, under autocast its products are bf16 anyway, and each no-grad pass
+    then casts nothing (half the memory, no per-call casts). Buffers (rotary inv_freq) keep their type; FSDP2 and
+    DeepSpeed shard the reference as they shard the policy, so it is left as it is there, and on CPU."""
+    if (reference is None or accelerator.device.type != "cuda" or accelerator.mixed_precision != "bf16"
+            or accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU)):
+        return reference
+    for parameter in reference.parameters():
+        parameter.data = parameter.data.to(torch.bfloat16)
+    return reference
+
+
 def prepare_reference(accelerator: Accelerator, reference: torch.nn.Module) -> torch.nn.Module:
     """The frozen reference, sharded like the policy: FSDP2 units under FSDP2, a DeepSpeed engine
     without optimizer under ZeRO-3; elsewhere `accelerator.prepare_model(..., evaluation_mode=True)`

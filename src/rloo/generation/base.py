@@ -10,6 +10,7 @@ the weights.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +39,8 @@ class SampledBatch:
     tool_mask: torch.Tensor | None = None
     # The rows' image inputs (`data.images.VisionInputs`, one row per completion), set by the collector; None: text.
     vision: Any = None
+    # The LoRA adapter version the engine sampled with (vLLM, vllm_lora_sync="adapters"); None: the weights it holds.
+    adapter_version: int | None = None
 
 
 @dataclass
@@ -65,13 +68,29 @@ class Sampler(Protocol):
     order it needs. A later `sample` builds the engine again."""
 
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
-        """Token ids of N prompts in, a `SampledBatch` of N * K rows out (groups contiguous)."""
+        """Token ids of N prompts in, a `SampledBatch` of N * K rows out (groups contiguous).
+
+        A sampler may also take `max_new_tokens=`, the most tokens this one call draws (a multi-turn
+        trajectory's remaining budget, `length_limit`); the built-in ones do. One that does not draws its
+        own length, and the caller cuts what is over the budget."""
         ...
 
     def on_optimizer_step(self, model: torch.nn.Module) -> None:
         """Called after every optimizer step: an engine holding its own copy of the weights syncs
         them from `model` here. Samplers that run `model` itself do nothing."""
         ...
+
+
+def length_limit(sampler: Any, budget: int | None) -> dict[str, int]:
+    """The keyword that makes `sampler.sample` draw at most `budget` tokens in one call: {"max_new_tokens": budget}
+    when its `sample` takes it and would draw more, else {} (the sampler itself is never changed)."""
+    configured = getattr(sampler, "max_new_tokens", None)
+    if budget is None or not isinstance(configured, int) or budget >= configured:
+        return {}
+    parameters = inspect.signature(sampler.sample).parameters.values()
+    if any(p.name == "max_new_tokens" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return {"max_new_tokens": budget}
+    return {}
 
 
 def left_pad(sequences: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

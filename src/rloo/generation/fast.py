@@ -27,6 +27,16 @@ own positions: the prefill's from `get_rope_index`, and each decoded token n + r
 (`mrope.decode_positions`, the deltas repeated K times with the cache). Other models with 3-D positions are
 refused by name (`refuse_3d_positions`).
 
+On CUDA (issue #46) the decode loop is built for the card, each part switchable by a field:
+  - `weights_dtype`: under 16-bit autocast the sampler decodes with a 16-bit copy of the weights, refreshed after
+    each optimizer step, instead of autocast's casts on every call; its norms are 16-bit too, so the KV cache is
+    (Qwen3's fp32 k-norm weight made keys fp32 under autocast: 28 GB of a 40 GB peak at 256 rows x 640 tokens);
+  - `decode_step`: static buffers and shapes (`static_decode`), captured in a CUDA graph and replayed;
+  - `eos_check_every`: the host looks for every row's end every N steps, not every step (the columns decoded
+    past the last end are dropped, so the result is the same);
+  - `wave_rows`: the rows decode in waves of whole groups whose KV cache fits the free memory.
+On CPU each defaults to the eager loop of before (the same draws from the same random state).
+
 The distribution is the one `generate` samples from: logits / temperature, then top-k, then
 top-p (nucleus), in that order, then a multinomial draw. tests/generation/test_decoding.py checks greedy
 outputs against `generate` and sampled token statistics against the exact model probabilities.
@@ -35,14 +45,16 @@ outputs against `generate` and sampled token statistics against the exact model 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rloo.config_checks import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
+from rloo.generation.half_weights import autocast_would_cast, copyable, half_copy, rows_fitting_memory
 from rloo.generation.kv_cache import AppendInPlaceLayer, append_in_place_cache
+from rloo.generation.static_decode import make_step, static_refusal
 from rloo.passes import mrope
 from rloo.passes.logprobs import cache_argument, position_ids_from_mask
 from rloo.passes.logprobs import computes_own_positions as positions_are_3d  # Qwen-VL's mrope: get_rope_index
@@ -52,6 +64,12 @@ logger = logging.getLogger(__name__)
 # The common head of the prompts runs once when it is at least this long: below it the extra model call
 # costs more than the prefill it saves.
 MIN_SHARED_HEAD = 16
+DECODE_STEPS = ("auto", "eager", "static", "graph")
+WEIGHTS_DTYPES = ("auto", "model")
+# On CUDA: the host checks for the end of every row this often (steps), and the KV cache of one wave may take
+# this share of the free memory.
+CUDA_EOS_CHECK_EVERY = 16
+CUDA_CACHE_SHARE = 0.5
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -127,6 +145,12 @@ def per_prompt_rows(vision: Any, k: int) -> Any:
 _noted: set[tuple[str, ...]] = set()
 
 
+def _note_once(message: str) -> None:
+    if (message,) not in _noted:
+        _noted.add((message,))
+        logger.info(message)
+
+
 def _note_prefill_per_sample(cache: Any) -> None:
     kinds = sorted({type(layer).__name__ for layer in cache.layers if not hasattr(layer, "batch_repeat_interleave")})
     if tuple(kinds) not in _noted:
@@ -144,23 +168,68 @@ class FastSampler(SamplingSettings):
     """
 
     do_sample: bool = True
+    # "auto": a 16-bit copy of the weights when sampling runs on CUDA under 16-bit autocast (and the model is a
+    # plain module on one device: no adapters, no sharding); "model": always the model itself.
+    weights_dtype: str = "auto"
+    # "eager": one forward a token on growing cache views; "static": fixed buffers and shapes; "graph": static,
+    # replayed as a CUDA graph (CUDA only); "auto": graph on CUDA, eager elsewhere.
+    decode_step: str = "auto"
+    # Steps between the host's checks for the end of every row; 0: 1 on CPU, CUDA_EOS_CHECK_EVERY on CUDA.
+    eos_check_every: int = 0
+    # Completion rows decoded at once (whole groups of K); 0: all on CPU, on CUDA as many as a KV cache within
+    # CUDA_CACHE_SHARE of the free memory holds.
+    wave_rows: int = 0
+    _copy: Any = field(default=None, init=False, repr=False)  # (source model, its 16-bit copy, stale)
+
+    def __post_init__(self) -> None:
+        if self.weights_dtype not in WEIGHTS_DTYPES:
+            raise ConfigError(f"FastSampler weights_dtype={self.weights_dtype!r}: choose one of {WEIGHTS_DTYPES}.")
+        if self.decode_step not in DECODE_STEPS:
+            raise ConfigError(f"FastSampler decode_step={self.decode_step!r}: choose one of {DECODE_STEPS}.")
+        if self.eos_check_every < 0 or self.wave_rows < 0:
+            raise ConfigError(f"FastSampler eos_check_every={self.eos_check_every} and wave_rows={self.wave_rows} "
+                              f"must be >= 0 (0 picks by device).")
 
     def on_optimizer_step(self, model: torch.nn.Module) -> None:
-        """Nothing to sync: this sampler runs the policy itself."""
+        """The 16-bit copy, if any, is refreshed from the new weights before the next sample."""
+        if self._copy is not None:
+            self._copy = (self._copy[0], self._copy[1], True)
+
+    def sampling_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model the decode runs: `model`, or its 16-bit copy (made once, refreshed when stale)."""
+        device = next(model.parameters()).device
+        half = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+        if (self.weights_dtype == "model" or device.type != "cuda" or half not in (torch.bfloat16, torch.float16)
+                or not copyable(model)):
+            return model
+        return self.half_weights(model, half)
+
+    def half_weights(self, model: torch.nn.Module, half: torch.dtype) -> torch.nn.Module:
+        """`model`'s copy in `half`, made on first use and refreshed in place after an optimizer step."""
+        source, weights, stale = self._copy if self._copy is not None else (None, None, True)
+        if source is not model or weights is None or next(weights.parameters()).dtype != half:
+            weights, stale = half_copy(model, half), False
+        elif stale:
+            with torch.no_grad():
+                torch._foreach_copy_(list(weights.parameters()), list(model.parameters()))
+        self._copy = (model, weights, False)
+        return weights
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
-               vision: Any = None) -> SampledBatch:
+               vision: Any = None, max_new_tokens: int | None = None) -> SampledBatch:
         """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, as the
-        generate sampler takes them); the prefill runs one row per distinct prompt."""
+        generate sampler takes them); the prefill runs one row per distinct prompt. `max_new_tokens`: this
+        call's length limit (`Sampler.sample`), else the configured one."""
         if vision is not None:
             refuse_3d_positions(model)  # before any work: models with 3-D positions not verified here
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
+        decoder = self.sampling_model(model) if vision is None else model
         unique_ids, unique_mask = left_pad(prompts, self.pad_token_id, device)  # (N, P)
-        completion_ids, logprobs = self._decode(model, prompts, unique_ids, unique_mask, num_generations,
-                                                vision)  # (N*K, C)
+        completion_ids, logprobs = self._decode_in_waves(decoder, prompts, unique_ids, unique_mask, num_generations,
+                                                         vision, max_new_tokens or self.max_new_tokens)  # (N*K, C)
         model.train(was_training)
 
         completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
@@ -170,6 +239,31 @@ class FastSampler(SamplingSettings):
         prompt_mask = unique_mask.repeat_interleave(num_generations, dim=0)
         return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos, logprobs,
                             logprobs_from_policy=True)
+
+    def rows_per_wave(self, model: torch.nn.Module, prompt_length: int, k: int,
+                      max_new_tokens: int | None = None) -> int | None:
+        """Completion rows decoded at once (a multiple of k), or None for all."""
+        if self.wave_rows:
+            return max(k, self.wave_rows // k * k)
+        return rows_fitting_memory(model, prompt_length + (max_new_tokens or self.max_new_tokens), k, CUDA_CACHE_SHARE)
+
+    def _decode_in_waves(self, model: torch.nn.Module, prompts: list[list[int]], prompt_ids: torch.Tensor,
+                         prompt_mask: torch.Tensor, k: int, vision: Any,
+                         max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_decode` over waves of whole groups (all at once when they fit): (N*K, C) tokens and log-probs, C the
+        longest wave's, the shorter waves padded."""
+        rows = self.rows_per_wave(model, prompt_ids.shape[1], k, max_new_tokens) if vision is None else None
+        if rows is None or rows >= len(prompts) * k:
+            return self._decode(model, prompts, prompt_ids, prompt_mask, k, vision, max_new_tokens)
+        per_wave = rows // k  # prompts a wave
+        waves = [self._decode(model, prompts[i : i + per_wave], prompt_ids[i : i + per_wave],
+                              prompt_mask[i : i + per_wave], k, None, max_new_tokens)
+                 for i in range(0, len(prompts), per_wave)]
+        length = max(tokens.shape[1] for tokens, _ in waves)
+        tokens = torch.cat([torch.nn.functional.pad(t, (0, length - t.shape[1]), value=self.pad_token_id)
+                            for t, _ in waves])
+        logprobs = torch.cat([torch.nn.functional.pad(lp, (0, length - lp.shape[1])) for _, lp in waves])
+        return tokens, logprobs
 
     def _prefill(self, model: torch.nn.Module, cache: Any, cache_name: str, prompt_ids: torch.Tensor,
                  prompt_mask: torch.Tensor, k: int, vision: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -194,25 +288,28 @@ class FastSampler(SamplingSettings):
         return prefill.logits[:, -1], rope_deltas  # (B, V), (B, 1) or None
 
     def _decode(self, model: torch.nn.Module, prompts: list[list[int]], prompt_ids: torch.Tensor,
-                prompt_mask: torch.Tensor, k: int, vision: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                prompt_mask: torch.Tensor, k: int, vision: Any = None, max_new_tokens: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """N prompts, also as (N, P) left-padded ids -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
         and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
         trainer computes them). The image token, with `vision`, is never drawn."""
         cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
+        max_new_tokens = max_new_tokens or self.max_new_tokens
         head = 0 if vision is not None or len(prompts) < 2 else shared_head_length(prompts)
         if head >= MIN_SHARED_HEAD:
             tails, tail_mask = left_pad([p[head:] for p in prompts], self.pad_token_id, prompt_ids.device)  # (N, S)
-            cache = append_in_place_cache(model.config, room=tails.shape[1] + self.max_new_tokens)
+            cache = append_in_place_cache(model.config, room=tails.shape[1] + max_new_tokens)
             if all(type(layer) is AppendInPlaceLayer for layer in cache.layers):
                 next_logits, attention_mask = self._prefill_shared_head(
                     model, cache, cache_name, torch.tensor(prompts[0][:head], device=prompt_ids.device), tails,
                     tail_mask, k)
-                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None)
-        cache = append_in_place_cache(model.config, room=self.max_new_tokens)
+                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None,
+                                         max_new_tokens)
+        cache = append_in_place_cache(model.config, room=max_new_tokens)
         next_logits, rope_deltas = self._prefill(model, cache, cache_name, prompt_ids, prompt_mask, k, vision)
         suppressed = None if vision is None or vision.image_token_id is None else vision.image_token_id
         return self._decode_from(model, cache, cache_name, next_logits, prompt_mask.repeat_interleave(k, dim=0),
-                                 rope_deltas, suppressed)
+                                 rope_deltas, suppressed, max_new_tokens)
 
     def _prefill_shared_head(self, model: torch.nn.Module, cache: Any, cache_name: str, head_ids: torch.Tensor,
                              tail_ids: torch.Tensor, tail_mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,31 +329,55 @@ class FastSampler(SamplingSettings):
 
     def _decode_from(self, model: torch.nn.Module, cache: Any, cache_name: str, next_logits: torch.Tensor,
                      attention_mask: torch.Tensor, rope_deltas: torch.Tensor | None,
-                     suppressed: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     suppressed: int | None, max_new_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode loop from a prefilled `cache` of B rows: (B, V) first logits and the (B, T) mask over the
         cache, which grows by one column a step."""
-        device = next_logits.device
-        next_position = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) position of the next token
+        device, max_new_tokens = next_logits.device, max_new_tokens or self.max_new_tokens
         eos_ids = torch.tensor(self.eos_token_ids, device=device)
         finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=device)  # (B,)
+        every = self.eos_check_every or (CUDA_EOS_CHECK_EVERY if device.type == "cuda" else 1)
+        step_forward = self._step_function(model, cache, cache_name, attention_mask, rope_deltas)
 
-        tokens, logprobs = [], []
-        for step in range(self.max_new_tokens):
+        tokens, logprobs, all_ended = [], [], []
+        for step in range(max_new_tokens):
             token, logprob = self._next_token(next_logits, suppressed)  # (B,), (B,)
             token = token.masked_fill(finished, self.pad_token_id)  # rows already ended only pad
             tokens.append(token)
             logprobs.append(logprob)
             finished |= torch.isin(token, eos_ids)
-            # One host sync per step: it saves all the remaining steps once every row has ended.
-            if step == self.max_new_tokens - 1 or bool(finished.all()):
+            all_ended.append(finished.all())
+            # A host sync every `every` steps: it saves the remaining steps once every row has ended.
+            if step == max_new_tokens - 1 or ((step + 1) % every == 0 and bool(all_ended[-1])):
                 break
-            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
-            positions = next_position if rope_deltas is None else mrope.decode_positions(next_position, rope_deltas)
-            output = model(input_ids=token.unsqueeze(1), attention_mask=attention_mask, position_ids=positions,
+            next_logits = step_forward(token)
+        length = len(tokens)
+        if every > 1:  # the steps decoded after every row had ended are dropped: the eager loop's length
+            length = int(torch.stack(all_ended).long().argmax()) + 1 if bool(all_ended[-1]) else length
+        return torch.stack(tokens[:length], dim=1), torch.stack(logprobs[:length], dim=1)
+
+    def _step_function(self, model: torch.nn.Module, cache: Any, cache_name: str, attention_mask: torch.Tensor,
+                       rope_deltas: torch.Tensor | None):
+        """(B,) tokens -> (B, V) next logits: the static (or graphed) step when it can run, else the eager one."""
+        mode = self.decode_step
+        if mode == "auto":
+            mode = "graph" if attention_mask.is_cuda and not autocast_would_cast(model) else "eager"
+        if mode in ("static", "graph"):
+            refusal = static_refusal(model, cache, rope_deltas)
+            if refusal is None:
+                return make_step(model, cache, cache_name, attention_mask, graphed=mode == "graph")
+            _note_once(f"fast sampler: decode_step={self.decode_step!r} runs the eager loop for {refusal}.")
+        state = {"mask": attention_mask, "position": attention_mask.sum(dim=1, keepdim=True)}  # (B, T), (B, 1)
+
+        def eager_step(token: torch.Tensor) -> torch.Tensor:
+            state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], dim=1)
+            position = state["position"]
+            positions = position if rope_deltas is None else mrope.decode_positions(position, rope_deltas)
+            output = model(input_ids=token.unsqueeze(1), attention_mask=state["mask"], position_ids=positions,
                            **{cache_name: cache}, use_cache=True)
-            next_logits = output.logits[:, -1]
-            next_position = next_position + 1
-        return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+            state["position"] = position + 1
+            return output.logits[:, -1]
+
+        return eager_step
 
     def _next_token(self, logits: torch.Tensor, suppressed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, V) scores -> (B,) tokens (argmax when greedy, else a draw from the filtered softmax; never

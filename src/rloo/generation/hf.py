@@ -20,10 +20,11 @@ class GenerateSampler(SamplingSettings):
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
-               vision: Any = None) -> SampledBatch:
+               vision: Any = None, max_new_tokens: int | None = None) -> SampledBatch:
         """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion): the prefill
         takes every row's copy of its prompt's pixel values; an image token is never sampled (it would need
-        image features the prompt does not have, as TRL suppresses it)."""
+        image features the prompt does not have, as TRL suppresses it). `max_new_tokens`: this call's length limit
+        (`Sampler.sample`), else the configured one."""
         device = next(model.parameters()).device
         repeated = [p for p in prompts for _ in range(num_generations)]  # groups stay contiguous
         prompt_ids, prompt_mask = left_pad(repeated, self.pad_token_id, device)
@@ -38,7 +39,7 @@ class GenerateSampler(SamplingSettings):
             top_p=self.top_p,
             top_k=self.top_k,  # 0 disables; None would fall back to generation_config (50)
             min_p=self.min_p or None,
-            max_new_tokens=self.max_new_tokens,
+            max_new_tokens=max_new_tokens or self.max_new_tokens,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             **self.generation_kwargs,

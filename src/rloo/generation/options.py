@@ -1,13 +1,12 @@
-"""Sampling options beyond temperature / top_p / top_k: TRL's min_p, repetition_penalty and
-generation_kwargs, read from the config (where TRL's names are kept) into the samplers' settings."""
+"""Sampling options beyond temperature / top_p / top_k: the config's min_p, repetition_penalty and
+generation_kwargs (TRL's names) into the samplers' settings."""
 
 from __future__ import annotations
 
 from typing import Any
 
-# generation_kwargs keys that are config fields of rloo's own (key -> field).
-GENERATION_KWARGS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                     "max_new_tokens": "max_completion_length", "stop_strings": "stop_strings"}
+from rloo.config_checks import GENERATION_KWARGS  # generation_kwargs keys that are config fields (key -> field)
+
 # Keys besides those that the fast sampler honours itself.
 FAST_SAMPLER_KWARGS = {"do_sample", "min_p"}
 
@@ -25,7 +24,6 @@ def engine_kwargs(generation_kwargs: dict | None, repetition_penalty: Any) -> di
 def sampler_options(args: Any) -> dict:
     """`min_p` and `generation_kwargs` for `SamplingSettings`, from the config's min_p,
     repetition_penalty and generation_kwargs (a min_p in generation_kwargs wins over the field)."""
-    generation_kwargs = getattr(args, "generation_kwargs", None) or {}
-    min_p = generation_kwargs.get("min_p", getattr(args, "min_p", None))
-    return {"min_p": float(min_p or 0.0),
-            "generation_kwargs": engine_kwargs(generation_kwargs, getattr(args, "repetition_penalty", 1.0))}
+    generation_kwargs = args.generation_kwargs or {}
+    min_p = generation_kwargs.get("min_p", args.min_p)
+    return {"min_p": float(min_p or 0.0), "generation_kwargs": engine_kwargs(generation_kwargs, args.repetition_penalty)}

@@ -14,7 +14,7 @@ tokens, and at most MAX_BATCH_TOKENS tokens go through one forward pass; if that
 transformers sizes the cache as it does by default and queues what does not fit. Left to itself, transformers
 sizes the cache from free memory: 60% of free RAM on CPU, 90% of the free GPU memory, which a training
 process needs for itself (a tiny model's call took 14 GB on this project's 24 GB machine:
-benchmarks/paged_cache_memory.py).
+benchmarks/memory/paged_cache_memory.py).
 
 `cache_config` (the config's transformers_continuous_batching_config, TRL's name) holds a user's
 ContinuousBatchingConfig arguments, laid over that sizing; one that gives num_blocks or max_memory_percent
@@ -63,18 +63,21 @@ class PagedSampler(SamplingSettings):
         """Nothing to sync: this sampler runs the policy itself."""
 
     @torch.no_grad()
-    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int) -> SampledBatch:
+    def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
+               max_new_tokens: int | None = None) -> SampledBatch:
+        """`max_new_tokens`: this call's length limit (`Sampler.sample`), else the configured one."""
+        max_new_tokens = max_new_tokens or self.max_new_tokens
         forks = num_generations if self.do_sample and FORKS_RETURNED else 1
         requests = prompts if forks > 1 else [p for p in prompts for _ in range(num_generations)]
         config = GenerationConfig(
             do_sample=self.do_sample, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p or None, **self.generation_kwargs,
-            num_return_sequences=forks, max_new_tokens=self.max_new_tokens,
+            num_return_sequences=forks, max_new_tokens=max_new_tokens,
             eos_token_id=list(self.eos_token_ids), pad_token_id=self.pad_token_id,
         )
         given = dict(self.cache_config or {})
         cache = ContinuousBatchingConfig(return_logprobs=self.return_logprobs,
-                                         **cache_settings(requests, forks, self.max_new_tokens, given))
+                                         **cache_settings(requests, forks, max_new_tokens, given))
         was_training = model.training
         model.eval()
         try:

@@ -6,16 +6,15 @@ venv scripts/test_vllm.sh builds; the fake-engine tests (tests/generation/test_v
 sampler's bookkeeping without vLLM. Versions outside TESTED_VLLM are refused at import unless
 RLOO_ALLOW_UNTESTED_VLLM=1.
 
-The engine keeps its own copy of the weights. `on_optimizer_step` marks it stale; the next
-`sample` pushes the policy's weights (LoRA merged into them first) before generating, so every
-generation after an optimizer step sees the updated policy, and several optimizer steps between
-two generations cost one push. The sampler remembers which module's weights the engine holds: a
-`sample` with another module (async_rollouts' snapshot, then evaluation's live policy) pushes that
-module's first, and calls from two threads take turns (a lock), so one engine serves both. The
-engine's per-token log-probs come back in `SampledBatch.logprobs` for the truncated importance-sampling
-correction (algo.importance). For them to be the log-probs of the distribution sampled (temperature,
-top-k/top-p applied), the engine runs with
-`logprobs_mode="processed_logprobs"` (the server: `--logprobs-mode processed_logprobs`).
+The engine keeps its own copy of the weights. `on_optimizer_step` marks it stale; the next `sample` pushes the
+policy before generating (a LoRA policy: its adapter tensors alone, as a new adapter version, vllm_lora.py; or
+with vllm_lora_sync="merged" every weight, adapters merged in), so every generation after an optimizer step sees
+the updated policy, and several optimizer steps between two generations cost one push. The sampler remembers
+which module the engine holds: a `sample` with another module (async_rollouts' snapshot, then evaluation's live
+policy) pushes that module's first, and calls from two threads take turns (a lock), so one engine serves both.
+Per-token log-probs come back in `SampledBatch.logprobs` (the adapter version in `adapter_version`) for the
+importance-sampling correction (algo.importance); the engine runs with `logprobs_mode="processed_logprobs"`
+(the server: `--logprobs-mode processed_logprobs`), so they are those of the distribution sampled.
 
 Prompts with images (docs/vision.md): each distinct prompt goes to the engine once, with n=K, as its chat-template
 ids with one placeholder per image and `multi_modal_data={"image": ...}` (`vllm_images.image_requests`); the engine expands the
@@ -28,9 +27,12 @@ client (vllm_client.py) sends the images as PNG and runs `check_expanded` on the
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import tempfile
 import threading
+import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -42,6 +44,18 @@ from rloo.config import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, batch_from_token_lists
 from rloo.generation.fast import per_prompt_rows
 from rloo.generation.vllm_images import check_expanded, image_requests
+from rloo.generation.vllm_lora import (
+    AdapterSlots,
+    adapter_rank,
+    choose_lora_sync,
+    engine_lora_options,
+    lora_config,
+    lora_request,
+    push_adapter,
+    tensor_bytes,
+)
+
+logger = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
@@ -162,38 +176,64 @@ def engine_options(args: Any, dtype: torch.dtype, on_cpu: bool) -> dict[str, Any
 
 
 class ColocatedEngine:
-    """A `vllm.LLM` in this process, on this process's GPU(s)."""
+    """A `vllm.LLM` in this process, on this process's GPU(s). Built with `lora` ({"max_lora_rank", "max_loras"}),
+    it serves LoRA adapters (vllm_lora.py): `load_adapter` registers a version, `generate(..., adapter=v)` uses it."""
 
-    def __init__(self, llm: Any, sleep_mode: bool) -> None:
+    def __init__(self, llm: Any, sleep_mode: bool, lora: dict | None = None) -> None:
         self.llm, self.sleep_mode = llm, sleep_mode
+        self.adapters = AdapterSlots(tempfile.mkdtemp(prefix="rloo-vllm-lora-"), lora["max_loras"]) if lora else None
 
     @classmethod
-    def build(cls, model_path: str, args: Any, seed: int, dtype: torch.dtype = torch.float32) -> "ColocatedEngine":
+    def build(cls, model_path: str, args: Any, seed: int, dtype: torch.dtype = torch.float32,
+              lora: dict | None = None) -> "ColocatedEngine":
         vllm = import_vllm()
         options = engine_options(args, dtype, engine_on_cpu())
+        if lora:
+            options.update(enable_lora=True, max_lora_rank=lora["max_lora_rank"], max_loras=lora["max_loras"])
         ensure_process_world()
         llm = vllm.LLM(model=model_path, seed=seed, **options)
-        return cls(llm, args.vllm_enable_sleep_mode)
+        return cls(llm, args.vllm_enable_sleep_mode, lora)
 
-    def generate(self, prompts, n, params):
+    def load_adapter(self, version: int, tensors: dict[str, torch.Tensor], config_json: str) -> None:
+        """Register adapter `version` (its tensors under PEFT's names, its adapter_config.json text); the oldest
+        version beyond max_loras is dropped."""
+        if self.adapters is None:
+            raise ConfigError("this vLLM engine was started without LoRA (enable_lora); it takes no adapters")
+        engine = self.llm.llm_engine
+        self.adapters.add(version, tensors, config_json, remove=engine.remove_lora,
+                          register=lambda v, path: engine.add_lora(lora_request(v, path, inplace=True)))
+        self.llm.reset_prefix_cache()  # cached prefixes may be keyed by an adapter id that now means other weights
+
+    def generate(self, prompts, n, params, adapter: int | None = None):
         from vllm import SamplingParams
 
         sampling = SamplingParams(n=n, logprobs=0, **params)
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=sampling, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=sampling, use_tqdm=False,
+                                    **self._adapter_request(adapter))
         return self._completions(outputs)
 
-    def generate_with_images(self, prompts, images, expanded, n, params):
-        grouped, ran = self.run_with_images(prompts, images, n, params)
+    def _adapter_request(self, adapter: int | None) -> dict:
+        """`generate`'s lora_request for adapter version `adapter` (StaleAdapterError if this engine does not hold
+        it); none for `adapter=None`: the weights the engine holds."""
+        if adapter is None:
+            return {}
+        if self.adapters is None:
+            raise ConfigError("asked to sample with a LoRA adapter, but this vLLM engine was started without LoRA")
+        return {"lora_request": self.adapters.request(adapter)}
+
+    def generate_with_images(self, prompts, images, expanded, n, params, adapter: int | None = None):
+        grouped, ran = self.run_with_images(prompts, images, n, params, adapter)
         check_expanded(ran, expanded)
         return grouped
 
-    def run_with_images(self, prompts, images, n, params):
+    def run_with_images(self, prompts, images, n, params, adapter: int | None = None):
         """(completions as `generate` gives them, the prompt ids the engine ran, placeholders expanded): the server
         returns both, and its client checks them (`check_expanded`)."""
         from vllm import SamplingParams
 
         sampling = SamplingParams(n=n, logprobs=0, **params)
-        outputs = self.llm.generate(image_requests(prompts, images), sampling_params=sampling, use_tqdm=False)
+        outputs = self.llm.generate(image_requests(prompts, images), sampling_params=sampling, use_tqdm=False,
+                                    **self._adapter_request(adapter))
         return self._completions(outputs), [list(request.prompt_token_ids) for request in outputs]
 
     @staticmethod
@@ -230,6 +270,8 @@ class ColocatedEngine:
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             core.shutdown()
+        if self.adapters is not None:
+            self.adapters.close()
 
     def wake_up(self):
         if self.sleep_mode:
@@ -248,13 +290,23 @@ class VLLMSampler(SamplingSettings):
     _stale: bool = field(default=True, repr=False)  # the engine's weights lag those of the module it last loaded
     _loaded: Any = field(default=None, repr=False, compare=False)  # a weak reference to that module
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)  # one engine call at a time
+    # Under LoRA, set when the engine is built: "adapters" (adapter versions to an engine that keeps the base) or
+    # "merged" (every weight, adapters merged in); None: no adapters. `_version`: the adapter version it samples with.
+    lora_sync: str | None = field(default=None, repr=False, compare=False)
+    _version: int = field(default=0, repr=False, compare=False)
+    last_sync: dict | None = field(default=None, repr=False, compare=False)  # {"kind", "bytes", "seconds"} of a push
+    synced_bytes: int = field(default=0, repr=False, compare=False)  # of all pushes
+    # Adapter version -> its module's tag when pushed (async_rollouts: the snapshot weights' optimizer step)
+    version_tags: dict = field(default_factory=dict, repr=False, compare=False)
+    _tags: Any = field(default_factory=weakref.WeakKeyDictionary, repr=False, compare=False)
 
-    def on_optimizer_step(self, model: torch.nn.Module) -> None:
-        """`model` changed: if the engine holds its weights, push them again before the next generation.
-
-        No lock: the learner must not wait here for async_rollouts' thread to finish generating. A race with
+    def on_optimizer_step(self, model: torch.nn.Module, tag: Any = None) -> None:
+        """`model` changed (to the weights `tag` names, if given): if the engine holds it, push it before the next
+        generation. No lock: the learner must not wait here for async_rollouts' thread to finish generating. A race with
         that thread's push of its snapshot can only cost one extra push: the learner's model is never the
         snapshot, and `sample` pushes whenever the engine holds another module's weights."""
+        if tag is not None:
+            self._tags[model] = tag
         if self._loaded is None or self._loaded() is model:
             self._stale = True
 
@@ -263,43 +315,60 @@ class VLLMSampler(SamplingSettings):
         with self._lock:
             if self.engine is not None and hasattr(self.engine, "shutdown"):
                 self.engine.shutdown()
-            self.engine, self._loaded, self._stale = None, None, True
+            self.engine, self._loaded, self._stale, self.lora_sync = None, None, True, None
 
     def prepare(self, model: torch.nn.Module) -> None:
         """Build the engine now (from this thread: vLLM sets signal handlers only in the main thread)."""
         with self._lock:
-            if self.engine is None:
-                self.engine = self._build_engine(model)
+            self.engine = self.engine or self._build_engine(model)
 
     def _build_engine(self, model: torch.nn.Module) -> Engine:
+        self.lora_sync = choose_lora_sync(model, self.args)
         if self.args.vllm_mode == "server":
             from rloo.generation.vllm_client import HTTPEngine
 
-            return HTTPEngine.build(self.args)
+            engine = HTTPEngine.build(self.args)
+            if self.lora_sync == "adapters" and not engine.serves_lora(adapter_rank(lora_config(model))):
+                logger.warning("vllm_lora_sync='adapters' falls back to the merged push: %s", engine.lora_refusal)
+                self.lora_sync = "merged"
+            return engine
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         dtype = next(base.parameters()).dtype  # the engine samples in the policy's precision
-        return ColocatedEngine.build(base.config._name_or_path, self.args, self.args.seed + rank, dtype)
+        return ColocatedEngine.build(base.config._name_or_path, self.args, self.args.seed + rank, dtype,
+                                     lora=engine_lora_options(model, self.args) if self.lora_sync == "adapters" else None)
 
     def push_weights(self, model: torch.nn.Module) -> None:
-        """Send the policy's weights to the engine, LoRA adapters merged in for the push only."""
-        is_peft = hasattr(model, "merge_adapter")
-        if is_peft:
-            model.merge_adapter()
-        try:
-            self.engine.load_weights(policy_weights(model))
-        finally:
+        """Send the policy to the engine: under vllm_lora_sync="adapters" its adapter tensors alone, as a new
+        version; otherwise its weights, LoRA adapters merged in for the push only."""
+        start = time.perf_counter()
+        if self.lora_sync == "adapters":
+            self._version += 1
+            sent = push_adapter(self.engine, self._version, model)
+            self.version_tags[self._version] = self._tags.get(model)
+        else:
+            is_peft = hasattr(model, "merge_adapter")
             if is_peft:
-                model.unmerge_adapter()
+                model.merge_adapter()
+            try:
+                weights = dict(policy_weights(model))
+                self.engine.load_weights(iter(weights.items()))
+                sent = tensor_bytes(weights)
+            finally:
+                if is_peft:
+                    model.unmerge_adapter()
+        self.last_sync = {"kind": self.lora_sync or "weights", "bytes": sent, "seconds": time.perf_counter() - start}
+        self.synced_bytes += sent
         self._stale, self._loaded = False, weakref.ref(model)
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
-               vision: Any = None) -> SampledBatch:
+               vision: Any = None, max_new_tokens: int | None = None) -> SampledBatch:
         """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, groups of K contiguous):
-        each distinct prompt is sent once with its images."""
+        each distinct prompt is sent once with its images. `max_new_tokens`: this call's length limit
+        (`Sampler.sample`), else the configured one."""
         params = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1,
-                      min_p=self.min_p, max_tokens=self.max_new_tokens, stop_token_ids=list(self.eos_token_ids),
+                      min_p=self.min_p, max_tokens=max_new_tokens or self.max_new_tokens, stop_token_ids=list(self.eos_token_ids),
                       **self.generation_kwargs)
         if vision is not None:
             firsts = per_prompt_rows(vision, num_generations).rows  # the prompt of each group, in order
@@ -311,16 +380,21 @@ class VLLMSampler(SamplingSettings):
             self.engine.wake_up()
             if self._stale or (self._loaded is not None and self._loaded() is not model):
                 self.push_weights(model)
+            adapter = {"adapter": self._version} if self.lora_sync == "adapters" else {}
+            version = self._version if adapter else None
             if vision is None:
-                grouped = self.engine.generate(prompts, num_generations, params)
+                grouped = self.engine.generate(prompts, num_generations, params, **adapter)
             elif not hasattr(self.engine, "generate_with_images"):
                 raise ConfigError(f"the {type(self.engine).__name__} engine has no generate_with_images, so it does not "
                                   f"take prompts with images; rloo's engines (vllm_mode='colocate' or 'server') do.")
             else:
                 grouped = self.engine.generate_with_images([vision.template_ids[p] for p in firsts],
                                                            [vision.images[p] for p in firsts], prompts,
-                                                           num_generations, params)
+                                                           num_generations, params, **adapter)
             self.engine.sleep()
         rows = [c for completions in grouped for c in completions]  # prompt-major: row p*K + k
-        return batch_from_token_lists(prompts, [ids for ids, _ in rows], [logps for _, logps in rows], num_generations,
-                                      self.pad_token_id, self.eos_token_ids, next(model.parameters()).device)
+        batch = batch_from_token_lists(prompts, [ids for ids, _ in rows], [logps for _, logps in rows], num_generations,
+                                       self.pad_token_id, self.eos_token_ids, next(model.parameters()).device)
+        batch.adapter_version = version
+        return batch
+

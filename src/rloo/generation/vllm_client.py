@@ -52,6 +52,8 @@ class HTTPEngine:
         self.url, self.timeout, self.is_main_process, self.chunk_bytes = url, timeout, is_main_process, chunk_bytes
         self.token = token
         self._limits: dict | None = None  # the server's ServerLimits, from its /health
+        self._lora: dict | None = None  # its LoRA options ({"max_lora_rank", "max_loras"}), None without --enable_lora
+        self.lora_refusal = ""
 
     @classmethod
     def build(cls, args: Any) -> "HTTPEngine":
@@ -63,8 +65,31 @@ class HTTPEngine:
             raise ServerError(f"{TOKEN_ENV} is set, but the vLLM server at {engine.url} does not require a token, so "
                               f"any process that reaches it can replace its weights: start `rloo vllm-serve` with the "
                               f"same {TOKEN_ENV} in its environment, or unset {TOKEN_ENV} here.")
-        engine._limits = health.get("limits", {})
+        engine._limits, engine._lora = health.get("limits", {}), health.get("lora")
         return engine
+
+    def serves_lora(self, rank: int) -> bool:
+        """Whether the server takes adapters of rank `rank`; if not, `lora_refusal` says why."""
+        lora = getattr(self, "_lora", None)
+        if not lora:
+            self.lora_refusal = (f"the vLLM server at {self.url} was started without --enable_lora (restart it with "
+                                 f"`rloo vllm-serve ... --enable_lora --max_lora_rank R` to sync adapters alone)")
+        elif rank > lora["max_lora_rank"]:
+            self.lora_refusal = (f"the adapter's rank {rank} is over the server's --max_lora_rank "
+                                 f"{lora['max_lora_rank']} at {self.url}")
+        else:
+            return True
+        return False
+
+    def load_adapter(self, version: int, tensors: dict[str, torch.Tensor], config_json: str) -> None:
+        """Send adapter `version` (one safetensors body, its adapter_config.json in the metadata); main process only."""
+        from safetensors.torch import save
+
+        if self.is_main_process:
+            body = save(tensors, metadata={"adapter_config": config_json})
+            self.call("POST", f"/adapter?version={version}", body, "application/octet-stream")
+        if torch.distributed.is_initialized():  # nobody generates before the adapter is there
+            torch.distributed.barrier()
 
     def server_limits(self) -> dict:
         """The server's size limits (ServerLimits as a dict), asked once."""
@@ -109,13 +134,14 @@ class HTTPEngine:
         return (f"the vLLM server at {self.url} closed the connection during {method} {path} ({error}); it drops "
                 f"requests over its size limits and clients that stall (its log names which), or it stopped.")
 
-    def generate(self, prompts, n, params):
-        grouped = self._generate({"prompts": prompts, "n": n, "params": params})["completions"]
+    def generate(self, prompts, n, params, adapter: int | None = None):
+        request = {"prompts": prompts, "n": n, "params": params, **({} if adapter is None else {"adapter": adapter})}
+        grouped = self._generate(request)["completions"]
         return [[(ids, logps) for ids, logps in group] for group in grouped]
 
-    def generate_with_images(self, prompts, images, expanded, n, params):
+    def generate_with_images(self, prompts, images, expanded, n, params, adapter: int | None = None):
         reply = self._generate({"prompts": prompts, "images": [[png_base64(image) for image in each] for each in images],
-                                "n": n, "params": params})
+                                "n": n, "params": params, **({} if adapter is None else {"adapter": adapter})})
         check_expanded(reply["prompt_ids"], expanded)
         return [[(ids, logps) for ids, logps in group] for group in reply["completions"]]
 

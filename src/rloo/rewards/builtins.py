@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rloo.rewards.gsm8k import gsm8k_accuracy, gsm8k_format, gsm8k_thinking_accuracy
 from rloo.rewards.sandbox import run_tests
@@ -133,7 +133,7 @@ def _as_test_list(tests: Any) -> list[str]:
 
 
 def code_execution(completions: list, tests: list, timeout_s: float = 5.0, memory_mb: int = 512,
-                   allow_unisolated: bool = False, **kwargs) -> list[float]:
+                   allow_unisolated: bool = False, allow_missing: Sequence[str] = (), **kwargs) -> list[float]:
     """The fraction of the row's `tests` that the completion's code passes, run in a sandboxed process.
 
     The code is the completion's ```python blocks (or the whole completion); `tests` is a list
@@ -143,8 +143,10 @@ def code_execution(completions: list, tests: list, timeout_s: float = 5.0, memor
     size and process limits, no network and no writes outside a temporary directory; the trainer,
     not the child, decides each assertion, so the reward is at most 1.0. A completion that hangs,
     exhausts memory, or breaks those rules fails the affected tests and training goes on. Rows
-    without tests get None (not scored). Where the machine can isolate nothing, it raises
-    `SandboxUnavailable` unless `allow_unisolated=True` (or RLOO_SANDBOX_ALLOW_UNISOLATED=1).
+    without tests get None (not scored). Where the namespaces layer cannot be set up it raises
+    `SandboxUnavailable` unless `allow_missing` names it (or RLOO_SANDBOX_ALLOW_MISSING=namespaces, or
+    RLOOConfig.sandbox_allow_missing); where the machine can isolate nothing, unless `allow_unisolated=True`
+    (or RLOO_SANDBOX_ALLOW_UNISOLATED=1).
 
     Example:
         >>> code_execution(["```python\\ndef add(a, b):\\n    return a + b\\n```"],
@@ -156,12 +158,14 @@ def code_execution(completions: list, tests: list, timeout_s: float = 5.0, memor
         if not snippets:
             return None
         return run_tests(extract_code(completion_text(completion)), snippets, timeout_s, memory_mb,
-                         allow_unisolated=allow_unisolated).fraction
+                         allow_unisolated=allow_unisolated, allow_missing=allow_missing).fraction
 
     # Each run waits on its own process, so threads overlap them.
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         return list(pool.map(score, completions, tests))
 
+
+code_execution.uses_code_sandbox = True  # rloo train checks and prints the sandbox's layers at start
 
 BUILTIN_REWARDS: dict[str, Callable] = {
     "exact_match": exact_match,

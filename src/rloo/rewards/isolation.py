@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
 import json
 import logging
 import os
@@ -41,13 +40,15 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 from rloo.rewards.jail import SETUP_SOURCE
+from rloo.rewards.pids_cgroup import pids_cgroup_parent
 
 logger = logging.getLogger(__name__)
 ALLOW_UNISOLATED_ENV = "RLOO_SANDBOX_ALLOW_UNISOLATED"
+ALLOW_MISSING_ENV = "RLOO_SANDBOX_ALLOW_MISSING"
 DISABLE_ENV = "RLOO_SANDBOX_DISABLE"
+LAYER_NAMES = ("namespaces", "landlock", "pids_cgroup")
 NOBODY = 65534  # the uid and gid the program runs as inside the user namespace
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_CREATE_RULESET_VERSION = 444, 1
 _PR_SET_PDEATHSIG = 1
@@ -56,15 +57,13 @@ SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
 
 _libc = ctypes.CDLL(None, use_errno=True)  # resolved now: nothing is loaded between fork and exec
-_cgroup_names = itertools.count()
 _reported = threading.Lock()
 _missing_logged = False
+_allowed_missing: frozenset[str] = frozenset()  # set for the whole process by allow_missing (RLOOConfig)
 
 
 class SandboxUnavailable(RuntimeError):
     """Raised when untrusted code would run without any operating-system isolation."""
-
-
 
 
 @functools.lru_cache(maxsize=1)
@@ -77,55 +76,105 @@ def landlock_abi() -> int:
     return max(0, int(version))
 
 
-def _python_dirs() -> list[str]:
+def python_dirs() -> list[str]:
     """The directories Python needs: prefixes, the real interpreter's directory, site-packages."""
     dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
             os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)), *site.getsitepackages()}
     return sorted(d for d in dirs if os.path.isdir(d))
 
 
-def mount_plan() -> tuple[list[str], list[tuple[str, str]]]:
-    """What the new root shows: read-only binds (each at its host path) and symlinks (path, target)."""
+# Folders of the new root that the jail fills itself (the program's scratch folders, its devices, its /proc): a
+# host directory under one of them (a venv under /tmp, a conda prefix under /dev/shm) is shown under RELOCATED
+# instead, so that it neither populates nor shadows them; the child's bootstrap rewrites its import paths to match.
+JAIL_OWNED = ("/work", "/tmp", "/dev", "/proc")
+RELOCATED = "/rloo-host"
+
+
+def jail_path(path: str) -> str:
+    """Where the new root shows the host's `path`: the same path, or under RELOCATED if a jail-owned folder holds it."""
+    if any(path == owned or path.startswith(owned + "/") for owned in JAIL_OWNED):
+        return RELOCATED + path
+    return path
+
+
+def mount_plan() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """What the new root shows: read-only binds (host path, path in the root) and symlinks (path, target)."""
     binds, symlinks = [], []
-    for path in [*SYSTEM_DIRS, *ETC_FILES, *_python_dirs()]:
+    for path in [*SYSTEM_DIRS, *ETC_FILES]:
         if os.path.islink(path):
             symlinks.append((path, os.readlink(path)))
             path = os.path.realpath(path)
         if os.path.exists(path) and path not in binds:
             binds.append(path)
+    for path in python_dirs():  # a symlinked prefix is shown at both its paths (sys.path may use either)
+        for shown in (path, os.path.realpath(path)):
+            if shown not in binds and shown != "/":
+                binds.append(shown)
     links = {link for link, _ in symlinks}
-    binds = [p for p in binds if not any(p.startswith(b + "/") for b in binds)]  # already inside another bind
-    return [p for p in binds if p not in links], symlinks
+    binds = outermost(binds)
+    return [(p, jail_path(p)) for p in binds if p not in links], symlinks
+
+
+def outermost(paths: list[str]) -> list[str]:
+    """`paths` less those inside another of them."""
+    return [p for p in paths if not any(p.startswith(other + "/") for other in paths)]
+
+
+def relocations() -> list[tuple[str, str]]:
+    """The binds shown away from their host path: (host path, path in the root), for the child's import paths."""
+    return [(host, shown) for host, shown in mount_plan()[0] if host != shown]
 
 
 def namespace_spec(root: str, disk_mb: int, max_inodes: int) -> dict:
     """The child's instructions for its namespaces and new root (`root`: an empty directory to mount on)."""
     binds, symlinks = mount_plan()
     return {"namespaces": True, "root": root, "nobody": NOBODY, "disk_bytes": disk_mb * 2**20,
-            "max_inodes": max_inodes, "binds": binds, "symlinks": symlinks}
+            "max_inodes": max_inodes, "binds": binds, "symlinks": symlinks, "relocated": relocations()}
 
 
 def sandbox_paths() -> tuple[list[str], list[str]]:
     """Inside the new root: where the program may read, and where it may write (for Landlock)."""
     binds, _ = mount_plan()
-    return sorted({*binds, "/etc", "/dev", "/proc", "/work", "/tmp", "/dev/shm"}), ["/work", "/tmp", "/dev/shm"]
+    return sorted({*(shown for _, shown in binds), "/etc", "/dev", "/proc", "/work", "/tmp", "/dev/shm"}), \
+        ["/work", "/tmp", "/dev/shm"]
 
 
 _PROBE_SOURCE = SETUP_SOURCE + r'''
-done = enter_sandbox(json.loads(sys.stdin.read()))
+spec = json.loads(sys.stdin.read())
+done = enter_sandbox(spec)
+import decimal, email.mime.text  # imports after the pivot: the interpreter's own directories are where it looks
+tmp = os.statvfs("/tmp")
 sys.stdout.write(json.dumps({**done, "uid": os.getuid(), "gid": os.getgid(), "pid": os.getpid(),
-                             "shadow": os.path.exists("/etc/shadow"), "tmp": os.listdir("/tmp")}))
+                             "shadow": os.path.exists("/etc/shadow"), "tmp": os.listdir("/tmp"),
+                             "tmp_bytes": tmp.f_blocks * tmp.f_frsize, "host_folder": os.path.exists(spec["host_folder"])}))
 '''
+
+
+def _probe_problems(seen: dict, disk_bytes: int) -> list[str]:
+    # What the probe's view must be for the program's to be isolated.
+    problems = []
+    if seen["uid"] != NOBODY or seen["pid"] != 2:
+        problems.append(f"the program would run as uid {seen['uid']} with pid {seen['pid']} (expected {NOBODY} and 2)")
+    if seen["shadow"] or seen["host_folder"]:
+        problems.append("host files are visible in the new root")
+    if seen["tmp"]:
+        problems.append(f"the program's /tmp is not empty: {seen['tmp']}")
+    if not 0 < seen["tmp_bytes"] <= disk_bytes:
+        problems.append(f"the program's /tmp is not bounded to {disk_bytes} bytes ({seen['tmp_bytes']})")
+    return problems
 
 
 @functools.lru_cache(maxsize=1)
 def probe_namespaces() -> tuple[dict | None, str]:
-    """Enter the namespaces once with nothing to run: (what the child saw, "") or (None, why not)."""
+    """Enter the namespaces once with nothing to run: (what the child saw, "") or (None, why not).
+
+    What is checked is what the program relies on: it runs as nobody in its own pid namespace, sees no host
+    file outside the binds, has a private, empty, size-bounded /tmp, and the interpreter still imports."""
     if not sys.platform.startswith("linux"):
         return None, "not Linux"
     with tempfile.TemporaryDirectory(prefix="rloo-sandbox-probe-") as private:
         os.mkdir(os.path.join(private, "root"))
-        spec = namespace_spec(os.path.join(private, "root"), 1, 64)
+        spec = {**namespace_spec(os.path.join(private, "root"), 1, 64), "host_folder": private}
         try:
             done = subprocess.run([sys.executable, "-I", "-c", _PROBE_SOURCE], input=json.dumps(spec), text=True,
                                   capture_output=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
@@ -137,109 +186,15 @@ def probe_namespaces() -> tuple[dict | None, str]:
         seen = json.loads(done.stdout)
     except ValueError:
         return None, f"unexpected probe output {done.stdout[:200]!r}"
-    if seen["uid"] != NOBODY or seen["pid"] != 2 or seen["shadow"] or seen["tmp"]:
-        return None, f"the probe's view is not isolated: {seen}"
+    problems = _probe_problems(seen, spec["disk_bytes"])
+    if problems:
+        return None, "; ".join(problems)
     return seen, ""
 
 
 def unshare_works() -> bool:
     """Whether the user, mount, pid, network, IPC and UTS namespaces and the new root work here."""
     return probe_namespaces()[0] is not None
-
-
-def _own_cgroup_dirs() -> list[str]:
-    """Candidate parents for a pids cgroup: this process's cgroup in a v1 `pids` or a v2 hierarchy."""
-    try:
-        with open("/proc/self/cgroup") as own, open("/proc/self/mountinfo") as table:
-            memberships = [line.rstrip("\n").split(":", 2) for line in own]
-            mounts = [line.split() for line in table]
-    except OSError:
-        return []
-    found = []
-    for _, controllers, path in memberships:
-        for fields in mounts:
-            fstype, options = fields[fields.index("-") + 1], fields[-1].split(",")
-            v1_pids = controllers == "pids" and fstype == "cgroup" and "pids" in options
-            if v1_pids or (controllers == "" and fstype == "cgroup2" and _v2_delegates_pids(fields[4], path)):
-                found.append(os.path.join(fields[4], path.lstrip("/")))
-    return found
-
-
-@functools.lru_cache(maxsize=1)
-def pids_cgroup_parent() -> tuple[str | None, str]:
-    """A cgroup under which this process may create pids-limited children: (directory, "") or (None, why not)."""
-    reasons = []
-    for parent in _own_cgroup_dirs():
-        probe = os.path.join(parent, f"rloo-sandbox-probe-{os.getpid()}")
-        try:
-            os.mkdir(probe)
-            with open(os.path.join(probe, "pids.max"), "w") as limit:
-                limit.write("4")
-            _remove_stale_cgroups(parent)
-            return parent, ""
-        except OSError as error:
-            reasons.append(f"{parent}: {error.strerror}")
-        finally:
-            try:
-                os.rmdir(probe)
-            except OSError:
-                pass
-    return None, "; ".join(reasons) or "no v1 pids hierarchy and no v2 cgroup with pids delegated"
-
-
-def _remove_stale_cgroups(parent: str) -> None:
-    """Remove the empty run cgroups of trainers that died (SIGKILLed: their own cleanup never ran)."""
-    for name in os.listdir(parent):
-        parts = name.split("-")
-        if name.startswith("rloo-sandbox-") and len(parts) == 4 and parts[2].isdigit() \
-                and not os.path.exists(f"/proc/{parts[2]}"):
-            try:
-                os.rmdir(os.path.join(parent, name))  # fails, harmlessly, while a process is still in it
-            except OSError:
-                pass
-
-
-def _v2_delegates_pids(mount_point: str, path: str) -> bool:
-    """Whether a v2 cgroup lets its children limit pids (the controller is in its subtree_control)."""
-    try:
-        with open(os.path.join(mount_point, path.lstrip("/"), "cgroup.subtree_control")) as control:
-            return "pids" in control.read().split()
-    except OSError:
-        return False
-
-
-class PidsCgroup:
-    """A cgroup for one run with `pids.max` set; `close()` kills what is left in it and removes it."""
-
-    def __init__(self, parent: str, max_tasks: int):
-        self.path = os.path.join(parent, f"rloo-sandbox-{os.getpid()}-{next(_cgroup_names)}")
-        os.mkdir(self.path)
-        with open(os.path.join(self.path, "pids.max"), "w") as limit:
-            limit.write(str(max_tasks))
-
-    def pids(self) -> list[int]:
-        try:
-            with open(os.path.join(self.path, "cgroup.procs")) as procs:
-                return [int(pid) for pid in procs.read().split()]
-        except OSError:
-            return []
-
-    def close(self) -> None:
-        """Kill every process still in it (bounded retries: a dying process leaves in milliseconds), then remove it."""
-        for _ in range(200):
-            left = self.pids()
-            if not left:
-                break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.01)
-        try:
-            os.rmdir(self.path)
-        except OSError as error:
-            logger.warning("could not remove the sandbox's cgroup %s: %s", self.path, error)
 
 
 def isolation_layers() -> dict[str, bool]:
@@ -272,19 +227,78 @@ def _log_missing_once(layers: dict[str, bool]) -> None:
         logger.warning("the code sandbox runs without %s. See docs/rewards.md.", "; without ".join(missing))
 
 
-def check_isolation(allow_unisolated: bool) -> dict[str, bool]:
-    """The usable layers; raises SandboxUnavailable if there are none and running anyway was not allowed."""
+def _names(text_or_names) -> set[str]:
+    names = text_or_names.split(",") if isinstance(text_or_names, str) else list(text_or_names or ())
+    names = {name.strip() for name in names if name.strip()}
+    unknown = names - set(LAYER_NAMES)
+    if unknown:
+        raise ValueError(f"unknown sandbox layer names {sorted(unknown)}; the layers are {list(LAYER_NAMES)}")
+    return names
+
+
+def allow_missing(names) -> None:
+    """Accept, for this whole process, running the code sandbox without these layers (RLOOConfig's
+    `sandbox_allow_missing` sets it when a trainer is built)."""
+    global _allowed_missing
+    _allowed_missing = frozenset(_names(names))
+
+
+def accepted_missing(allow_missing_layers=()) -> set[str]:
+    """The layers the user accepts running without: named in the call, in RLOO_SANDBOX_ALLOW_MISSING, in
+    RLOOConfig.sandbox_allow_missing, or switched off on purpose with RLOO_SANDBOX_DISABLE."""
+    return (_names(allow_missing_layers) | _names(os.environ.get(ALLOW_MISSING_ENV, "")) | set(_allowed_missing)
+            | _names(os.environ.get(DISABLE_ENV, "")))
+
+
+def check_isolation(allow_unisolated: bool = False, allow_missing_layers=()) -> dict[str, bool]:
+    """The usable layers; raises SandboxUnavailable (fails closed) when the strongest layer, namespaces, cannot
+    be set up and the user did not accept that by name, or when no layer works and running anyway was not allowed.
+
+    A missing Landlock (the kernel has none) or pids cgroup is logged once and not refused: the namespaces
+    layer bounds what they would."""
     layers = isolation_layers()
-    allowed = allow_unisolated or os.environ.get(ALLOW_UNISOLATED_ENV, "") == "1"
-    if not (layers["namespaces"] or layers["landlock"]) and not allowed:
+    unisolated = allow_unisolated or os.environ.get(ALLOW_UNISOLATED_ENV, "") == "1"
+    if not (layers["namespaces"] or layers["landlock"]) and not unisolated:
         raise SandboxUnavailable(
             "the code sandbox cannot isolate untrusted code on this machine: namespaces fail "
-            f"({probe_namespaces()[1]}) and the kernel has no Landlock. Run training in a "
+            f"({probe_namespaces()[1] or DISABLE_ENV}) and the kernel has no Landlock. Run training in a "
             "container or VM without network, then opt in with allow_unisolated=True (code_execution / "
-            f"run_tests) or {ALLOW_UNISOLATED_ENV}=1; the child then only gets rlimits, a minimal environment and "
-            "its own process group.")
+            f"run_tests) or {ALLOW_UNISOLATED_ENV}=1; the child then only gets rlimits, a minimal environment, "
+            "an unprivileged uid when the trainer is root, and its own process group.")
+    if not layers["namespaces"] and not unisolated and "namespaces" not in accepted_missing(allow_missing_layers):
+        raise SandboxUnavailable(
+            f"the code sandbox's namespaces layer cannot be set up here ({probe_namespaces()[1]}), and it refuses "
+            "to run untrusted code with less isolation unless told to. Without it the program would reach the "
+            "host's unix sockets by path and its UDP ports, see the host's processes and files (Landlock limits "
+            "reads), and fill the disk without a total bound. Fix: allow unprivileged user namespaces (Linux: "
+            "sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 and, on Ubuntu 24.04+, "
+            "kernel.apparmor_restrict_unprivileged_userns=0; in Docker a seccomp profile that permits unshare and "
+            "mount), or accept the weaker sandbox by name: sandbox_allow_missing=['namespaces'] (RLOOConfig, "
+            f"--sandbox_allow_missing namespaces) or {ALLOW_MISSING_ENV}=namespaces. docs/rewards.md says what each "
+            "layer stops.")
     _log_missing_once(layers)
     return layers
+
+
+def uses_code_sandbox(reward_funcs) -> bool:
+    """Whether any of these reward functions runs code in the sandbox (marked `uses_code_sandbox`, as
+    code_execution is)."""
+    return any(getattr(func, "uses_code_sandbox", False) for func in reward_funcs or ())
+
+
+def check_for_run(reward_funcs, allow_missing_layers) -> dict[str, bool] | None:
+    """At the start of a run: record the run's accepted missing layers and, if a reward function uses the code
+    sandbox, check its isolation now (SandboxUnavailable before any model loads); None when none uses it."""
+    allow_missing(allow_missing_layers or ())
+    return check_isolation() if uses_code_sandbox(reward_funcs) else None
+
+
+def describe_layers(layers: dict[str, bool]) -> str:
+    """One line: which layers the code sandbox uses on this machine."""
+    on = [name + (f" (ABI {landlock_abi()})" if name == "landlock" else "") for name, ok in layers.items() if ok]
+    off = [name for name, ok in layers.items() if not ok]
+    return ("code sandbox layers: " + (", ".join(on) or "none") + (f"; without {', '.join(off)}" if off else "")
+            + (f" (accepted: {', '.join(sorted(accepted_missing()))})" if accepted_missing() else ""))
 
 
 def die_with_parent() -> None:
@@ -296,7 +310,7 @@ def die_with_parent() -> None:
 def host_readable_roots(workdir: str) -> list[str]:
     """Without namespaces, what the child may read under Landlock: system and Python directories, the dynamic
     linker's files of /etc (not /etc/shadow), /dev, /proc, its own directory."""
-    roots = {*SYSTEM_DIRS, *ETC_FILES, "/dev", "/proc", *_python_dirs(), workdir}
+    roots = {*SYSTEM_DIRS, *ETC_FILES, "/dev", "/proc", *python_dirs(), workdir}
     return sorted(root for root in roots if os.path.exists(root))
 
 

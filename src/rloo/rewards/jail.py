@@ -123,8 +123,8 @@ def _build_root(spec):
     for link, target in spec["symlinks"]:
         os.makedirs(os.path.dirname(root + link), exist_ok=True)
         os.symlink(target, root + link)
-    for path in spec["binds"]:
-        _bind_readonly(path, root + path)
+    for source, target in spec["binds"]:
+        _bind_readonly(source, root + target)
     try:
         _mount("proc", f"{root}/proc", "proc", _NOSUID | _NODEV | _NOEXEC)
         done["proc"] = True
@@ -145,18 +145,110 @@ def _build_root(spec):
     return done
 
 
+def _relocated(path, pairs):
+    for host, shown in pairs:
+        if path == host or path.startswith(host + "/"):
+            return shown + path[len(host):]
+    return path
+
+
+def _relocate_python(pairs):
+    """Point this interpreter at where the new root shows its directories (see isolation.JAIL_OWNED):
+    sys.path, the prefixes, the executable, and the search paths of the packages already imported."""
+    if not pairs:
+        return
+    import importlib
+    sys.path[:] = [_relocated(path, pairs) for path in sys.path]
+    for name in ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix", "executable", "_base_executable"):
+        if isinstance(getattr(sys, name, None), str):
+            setattr(sys, name, _relocated(getattr(sys, name), pairs))
+    for module in list(sys.modules.values()):
+        search = getattr(module, "__path__", None)
+        if isinstance(search, list):  # the same list as __spec__.submodule_search_locations
+            search[:] = [_relocated(path, pairs) for path in search]
+    sys.path_importer_cache.clear()
+    importlib.invalidate_caches()
+
+
 def _drop_privileges(nobody):
-    """Become nobody with no capabilities, for good (no_new_privs: no setuid binary gives any back)."""
-    try:
-        os.setgroups([])
-    except OSError:
-        pass  # setgroups is denied in a namespace a non-root user made; there are no groups to drop
-    os.setresgid(nobody, nobody, nobody)
-    os.setresuid(nobody, nobody, nobody)
+    """Become nobody (when root; anyone else keeps its uid) with no capabilities, for good (no_new_privs: no
+    setuid binary gives any back)."""
+    if os.geteuid() == 0:
+        try:
+            os.setgroups([])
+        except OSError:
+            pass  # setgroups is denied in a namespace a non-root user made; there are no groups to drop
+        os.setresgid(nobody, nobody, nobody)
+        os.setresuid(nobody, nobody, nobody)
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
     _check(_libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
     _libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
     _check(_libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def _drop_privileges_on_the_host(spec):
+    """Without namespaces: the same drop, on the host. A root trainer's Python may sit where nobody cannot
+    search (under /root, mode 0700): its directories are opened first and imported from through
+    /proc/self/fd/N (a magic link skips the search checks above the directory; files below keep theirs)."""
+    if os.geteuid() != 0:
+        _drop_privileges(spec["nobody"])
+        return []
+    pairs = []
+    for path in spec["python_dirs"]:  # inherited (not close-on-exec) by the program's own children too
+        pairs.append((path, f"/proc/self/fd/{os.open(path, os.O_PATH | os.O_DIRECTORY)}"))
+    _relocate_python(pairs)
+    _drop_privileges(spec["nobody"])
+    _check(_libc.prctl(4, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")  # its own /proc/self/fd stays its own to read
+    return pairs
+
+
+def _own_children():
+    me, found = str(os.getpid()), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[1] == me:
+                    found.append(int(pid))
+        except (OSError, IndexError):
+            pass
+    return found
+
+
+def _supervise_on_the_host():
+    """Without namespaces: this process stays the run's trusted supervisor (it never runs the program, and
+    keeps the trainer's uid) and a subreaper, so that every process the program leaves behind becomes its
+    child: when the program ends, or at SIGTERM (the timeout), it kills and reaps them all, then exits with
+    the program's status. Nothing is left as a zombie for a container's pid 1 that does not reap, which
+    would count against the next run's RLIMIT_NPROC. Returns in the program's process only."""
+    _check(_libc.prctl(36, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+    worker = os.fork()
+    if worker == 0:
+        _die_with_parent()
+        return
+    def stop(*_):
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except OSError:
+            pass  # already ended
+
+    signal.signal(signal.SIGTERM, stop)
+    status, running = 3, True
+    while True:
+        try:
+            ended, code = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(status)
+        if ended == worker:
+            running = False
+            status = os.waitstatus_to_exitcode(code) & 0xFF if os.WIFEXITED(code) else 128 + os.WTERMSIG(code)
+        if not running:  # the program has ended: whatever it left (orphaned to here) follows it
+            for pid in _own_children():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 def _wait_exit(pid):
@@ -178,11 +270,13 @@ def _setup_failed(error):
 
 
 def enter_sandbox(spec):
-    """Join the run's cgroup and enter the namespaces; returns, in the program's process, what worked."""
+    """Join the run's cgroup, enter the namespaces (where spec["namespaces"]) and drop privileges; returns, in
+    the program's process, what worked ("relocated": the interpreter's directories moved to other paths)."""
     if spec.get("cgroup"):
         _write(os.path.join(spec["cgroup"], "cgroup.procs"), "0")
     if not spec.get("namespaces"):
-        return {}
+        _supervise_on_the_host()
+        return {"relocated": _drop_privileges_on_the_host(spec)}
     launcher = os.getppid()
     _unshare_mapped(spec["nobody"])
     _die_with_parent()  # changing credentials cleared it; the trainer's death still ends the run
@@ -196,6 +290,7 @@ def enter_sandbox(spec):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # pid 1 ignores signals from inside without a handler
         _die_with_parent()
         done = _build_root(spec)
+        _relocate_python(spec["relocated"])
         worker = os.fork()
     except BaseException as error:
         _setup_failed(error)
@@ -204,5 +299,5 @@ def enter_sandbox(spec):
     _die_with_parent()
     _drop_privileges(spec["nobody"])
     os.chdir("/work")
-    return done
+    return {**done, "relocated": spec["relocated"]}
 '''

@@ -13,9 +13,11 @@ Landlock (reads only from system and Python directories, writes only in its own,
 signals out). It starts with a minimal environment (not the trainer's), in its own session and
 process group, with rlimits on address space, CPU time, file size, open files and process count,
 and dies with the thread that started it (PR_SET_PDEATHSIG). At the timeout and at the end of
-every run the pid namespace, the process group and the cgroup are killed. Where neither namespaces
-nor Landlock work, `run_tests` refuses to run
-(`SandboxUnavailable`) unless `allow_unisolated=True` or RLOO_SANDBOX_ALLOW_UNISOLATED=1.
+every run the pid namespace, the process group and the cgroup are killed. It fails closed: where
+the namespaces layer cannot be set up, `run_tests` refuses (`SandboxUnavailable`, naming the reason
+and the fix) unless "namespaces" is accepted by name (`allow_missing`, RLOO_SANDBOX_ALLOW_MISSING,
+RLOOConfig.sandbox_allow_missing); where neither namespaces nor Landlock work, unless
+`allow_unisolated=True` or RLOO_SANDBOX_ALLOW_UNISOLATED=1.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rloo.rewards import isolation
 from rloo.rewards.isolation import SandboxUnavailable
+from rloo.rewards.pids_cgroup import PidsCgroup, pids_cgroup_parent
 from rloo.rewards.verdicts import judge, plan_test
 
 __all__ = ["SandboxResult", "SandboxUnavailable", "run_tests"]
@@ -50,12 +54,13 @@ def main():
     payload = json.loads(sys.stdin.read())
     channel = os.dup(1)
     try:
-        enter_sandbox(payload["sandbox"])
+        moved = enter_sandbox(payload["sandbox"])["relocated"]
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails instead of killing
         for name, value in payload["rlimits"].items():
             resource.setrlimit(getattr(resource, name), (value, value))
         if payload["landlock_abi"]:
-            apply_landlock(payload["landlock_abi"], payload["read_roots"], payload["write_roots"])
+            read_roots = [_relocated(root, moved) for root in payload["read_roots"]]  # where this process sees them
+            apply_landlock(payload["landlock_abi"], read_roots, payload["write_roots"])
     except BaseException as error:
         sys.stderr.write(f"SANDBOX_SETUP_FAILED {type(error).__name__}: {error}\n")
         os._exit(3)
@@ -145,7 +150,11 @@ def _child_places(layers: dict[str, bool], private: str, disk_mb: int, max_files
         return isolation.namespace_spec(root, disk_mb, max_files), "/work", "/tmp", *isolation.sandbox_paths()
     home = os.path.join(private, "work")
     os.mkdir(home)
-    return {"namespaces": False}, home, home, isolation.host_readable_roots(home), [home]
+    if os.geteuid() == 0:  # the program runs as nobody: its directory is its own, the way to it open to search only
+        os.chown(home, isolation.NOBODY, isolation.NOBODY)
+        os.chmod(private, 0o711)
+    spec = {"namespaces": False, "nobody": isolation.NOBODY, "python_dirs": isolation.outermost(isolation.python_dirs())}
+    return spec, home, home, isolation.host_readable_roots(home), [home]
 
 
 def _send_and_wait(process: subprocess.Popen, payload: str, timeout_s: float) -> bool:
@@ -174,8 +183,9 @@ def _send_and_wait(process: subprocess.Popen, payload: str, timeout_s: float) ->
     return exited
 
 
-def _end_namespaced_run(process: subprocess.Popen) -> None:
-    """Ask the launcher to kill the pid namespace's init; it exits once the kernel has reaped every process in it."""
+def _end_run(process: subprocess.Popen) -> None:
+    """Ask the launcher to end the run: with namespaces it kills the pid namespace's init and exits once the kernel
+    has reaped every process in it; without, it kills the program and reaps whatever the program left."""
     with contextlib.suppress(ProcessLookupError):
         process.terminate()
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -184,7 +194,7 @@ def _end_namespaced_run(process: subprocess.Popen) -> None:
 
 def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: int = 512, *,
               file_size_mb: int = 16, disk_mb: int = 64, max_files: int = 4096, max_processes: int = 16,
-              allow_unisolated: bool = False) -> SandboxResult:
+              allow_unisolated: bool = False, allow_missing: Sequence[str] = ()) -> SandboxResult:
     """Run `code`, then the tests, in an isolated child; the trainer judges each test from the values it sends.
 
     Args:
@@ -198,16 +208,18 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
         max_processes: processes and threads the child may have at once: the pids cgroup's limit where there is
             one, and RLIMIT_NPROC (which binds inside the user namespace, even when the trainer is root).
         allow_unisolated: run even where neither namespaces nor Landlock work (see `isolation.py`).
+        allow_missing: layers ("namespaces", ...) accepted missing; unless "namespaces" is accepted (here, by
+            RLOO_SANDBOX_ALLOW_MISSING or RLOOConfig.sandbox_allow_missing), no namespaces: SandboxUnavailable.
     """
-    layers = isolation.check_isolation(allow_unisolated)
+    layers = isolation.check_isolation(allow_unisolated, allow_missing)
     plans = [plan_test(test) for test in tests]
     rlimits = {"RLIMIT_AS": memory_mb * 2**20, "RLIMIT_CPU": max(1, int(timeout_s) + 1), "RLIMIT_CORE": 0,
                "RLIMIT_FSIZE": file_size_mb * 2**20, "RLIMIT_NOFILE": 256, "RLIMIT_NPROC": max_processes}
     with tempfile.TemporaryDirectory(prefix="rloo-sandbox-") as private:
         sandbox, home, tmp, read_roots, write_roots = _child_places(layers, private, disk_mb, max_files)
         cgroup = None
-        if layers["pids_cgroup"]:  # with namespaces, a launcher and an init come before the program's processes
-            cgroup = isolation.PidsCgroup(isolation.pids_cgroup_parent()[0], max_processes + 2 * layers["namespaces"])
+        if layers["pids_cgroup"]:  # a launcher (and with namespaces an init) come before the program's processes
+            cgroup = PidsCgroup(pids_cgroup_parent()[0], max_processes + (2 if layers["namespaces"] else 1))
             sandbox["cgroup"] = cgroup.path
         payload = json.dumps({
             "code": code, "tests": [plan.steps for plan in plans], "rlimits": rlimits, "sandbox": sandbox,
@@ -223,8 +235,8 @@ def run_tests(code: str, tests: list[str], timeout_s: float = 5.0, memory_mb: in
                 try:
                     timed_out = not _send_and_wait(process, payload, timeout_s)
                 finally:
-                    if layers["namespaces"] and process.poll() is None:
-                        _end_namespaced_run(process)
+                    if process.poll() is None:
+                        _end_run(process)
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(process.pid, signal.SIGKILL)  # on timeout and on exit: nothing stays behind
                     process.wait()

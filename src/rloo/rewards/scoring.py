@@ -21,13 +21,14 @@ import inspect
 import logging
 import math
 import numbers
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-from rloo.run.event_loop import EventLoop
-from rloo.run.safe_text import visible
+from rloo.event_loop import EventLoop
+from rloo.safe_text import visible
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
@@ -42,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 class RewardError(RuntimeError):
     """A reward function was misconfigured or returned something unusable."""
+
+
+class RewardTimeout(RewardError):
+    """A reward function did not return within reward_timeout seconds."""
 
 
 @dataclass
@@ -167,6 +172,7 @@ def score_completions(
     error_policy: str = "stop",
     warn_unscored: bool = True,
     event_loop: EventLoop | None = None,
+    timeout: float | None = None,
 ) -> ScoredBatch:
     """Run every reward function on a batch, check each value, and combine them with their weights.
 
@@ -180,14 +186,17 @@ def score_completions(
         error_policy: "stop" raises when a function raises; "none" scores the completions it raised on
             None (each completion re-scored alone to find them) and counts them in `errors`.
         warn_unscored: warn when no function scored any completion (the trainer warns once per run).
-        event_loop: where async functions run (the trainer's, `run.event_loop`); None: a loop of their own.
+        event_loop: where async functions run (the trainer's, `rloo.event_loop`); None: a loop of their own.
+        timeout: reward_timeout, the seconds one function may take on the batch (None: no deadline). A function
+            past it is abandoned and handled by `error_policy` (scored None on the whole batch with "none").
 
     Raises:
         RewardError: naming the function, the step and the sample, when a function raises or
-            returns a wrong count, a non-number, NaN or inf.
+            returns a wrong count, a non-number, NaN or inf; RewardTimeout when one runs past `timeout`.
     """
     errors: dict[str, int] = {}
-    outputs = _call_all(reward_functions, arguments, step, errors if error_policy == "none" else None, event_loop)
+    outputs = _call_all(reward_functions, arguments, step, errors if error_policy == "none" else None, event_loop,
+                        timeout)
     columns = [_checked_column(fn, values, arguments, num_completions, step)
                for fn, values in zip(reward_functions, outputs)]
     per_function = torch.stack(columns, dim=1)  # (B, F)
@@ -239,18 +248,24 @@ def reward_function_metrics(names: Sequence[str], per_function: torch.Tensor) ->
 
 
 def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, Any], step: int,
-              errors: dict[str, int] | None = None, event_loop: EventLoop | None = None) -> list[Any]:
+              errors: dict[str, int] | None = None, event_loop: EventLoop | None = None,
+              timeout: float | None = None) -> list[Any]:
     """Outputs of every function, in order: plain ones called in turn, async ones awaited together.
-    With `errors` (reward_error_policy "none"), a function that raises is scored None where it raises."""
+    With `errors` (reward_error_policy "none"), a function that raises is scored None where it raises,
+    and one that runs past `timeout` is scored None on the whole batch."""
     outputs: list[Any] = [None] * len(reward_functions)
     pending: dict[int, Any] = {}
     for index, fn in enumerate(reward_functions):
         try:
-            result = fn(arguments)
+            result = _bounded(fn, arguments, step, timeout)
+        except RewardTimeout as error:  # calling it again (sample by sample) would hang again
+            if errors is None:
+                raise
+            result = _none_for_all(fn, arguments, step, error, errors)
         except Exception as error:
             if errors is None:
-                raise _raised_error(fn, arguments, step, error) from error
-            result = _scored_alone(fn, arguments, step, error, errors)
+                raise _raised_error(fn, arguments, step, error, timeout) from error
+            result = _scored_alone(fn, arguments, step, error, errors, timeout)
         if inspect.isawaitable(result):
             pending[index] = result
         else:
@@ -258,6 +273,10 @@ def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, A
     if pending:
         results = _run_coroutines(list(pending.values()), event_loop)
         for (index, fn), result in zip(((i, reward_functions[i]) for i in pending), results):
+            if timeout is not None and isinstance(result, asyncio.TimeoutError):  # asyncio.wait_for's
+                result = _timeout_error(fn, arguments, step, timeout)
+                if errors is None:
+                    raise result
             if isinstance(result, BaseException):
                 if errors is None:
                     raise _raised_error(fn, arguments, step, result) from result
@@ -266,8 +285,41 @@ def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, A
     return outputs
 
 
+def _bounded(fn: RewardFunction, arguments: dict[str, Any], step: int, timeout: float | None) -> Any:
+    """fn(arguments), abandoned after `timeout` seconds (None: waited for). A plain function runs on a daemon
+    thread (Python cannot stop a thread; it finishes in the background and cannot keep the process alive);
+    an async one's coroutine is wrapped in asyncio.wait_for. Raises RewardTimeout (a plain function)."""
+    if timeout is None:
+        return fn(arguments)
+    if fn.is_async:
+        return asyncio.wait_for(fn(arguments), timeout)
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn(arguments)
+        except BaseException as error:  # handed to the caller's thread below
+            box["error"] = error
+
+    thread = threading.Thread(target=call, name=f"reward {fn.name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise _timeout_error(fn, arguments, step, timeout)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _timeout_error(fn: RewardFunction, arguments: dict[str, Any], step: int, timeout: float | None) -> RewardTimeout:
+    return RewardTimeout(
+        f"reward function `{visible(fn.name)}` did not return within reward_timeout={timeout:g} s at step {step}, on "
+        f"the batch of {len(arguments.get('completions', []))} completions; it was abandoned. Raise reward_timeout "
+        f"for a slow reward, or set reward_error_policy='none' to score such a batch None and go on.")
+
+
 def _scored_alone(fn: RewardFunction, arguments: dict[str, Any], step: int, error: BaseException,
-                  errors: dict[str, int]) -> list[Any]:
+                  errors: dict[str, int], timeout: float | None = None) -> list[Any]:
     """A function that raised on the batch, called on each completion alone: None where it raises again."""
     num_completions = len(arguments.get("completions", []))
     values: list[Any] = []
@@ -276,7 +328,7 @@ def _scored_alone(fn: RewardFunction, arguments: dict[str, Any], step: int, erro
         single = {k: v[index : index + 1] if isinstance(v, list) and len(v) == num_completions else v
                   for k, v in arguments.items()}
         try:
-            value = fn(single)
+            value = _bounded(fn, single, step, timeout)
         except Exception:
             raised += 1
             values.append(None)
@@ -348,9 +400,10 @@ def _checked_column(fn: RewardFunction, values: Any, arguments: dict[str, Any], 
     return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
 
 
-def _raised_error(fn: RewardFunction, arguments: dict[str, Any], step: int, error: BaseException) -> RewardError:
+def _raised_error(fn: RewardFunction, arguments: dict[str, Any], step: int, error: BaseException,
+                  timeout: float | None = None) -> RewardError:
     """A RewardError for a function that raised, naming the sample that makes it raise if one does."""
-    index = None if fn.is_async else _first_failing_sample(fn, arguments)
+    index = None if fn.is_async else _first_failing_sample(fn, arguments, step, timeout)
     where = (f"on sample {index}" if index is not None
              else "on the batch (no single sample reproduces it)" if not fn.is_async else "on the batch")
     sample = f"\n{_describe_sample(arguments, index)}" if index is not None else ""
@@ -358,7 +411,8 @@ def _raised_error(fn: RewardFunction, arguments: dict[str, Any], step: int, erro
                        f"{where}.{sample}")
 
 
-def _first_failing_sample(fn: RewardFunction, arguments: dict[str, Any]) -> int | None:
+def _first_failing_sample(fn: RewardFunction, arguments: dict[str, Any], step: int = 0,
+                          timeout: float | None = None) -> int | None:
     """Re-call a batch function on one sample at a time to find the first that makes it raise.
 
     Only runs after the function already failed, so the extra calls cost nothing in normal training.
@@ -368,7 +422,7 @@ def _first_failing_sample(fn: RewardFunction, arguments: dict[str, Any]) -> int 
         single = {k: v[index : index + 1] if isinstance(v, list) and len(v) == num_completions else v
                   for k, v in arguments.items()}
         try:
-            fn(single)
+            _bounded(fn, single, step, timeout)
         except Exception:
             return index
     return None

@@ -20,22 +20,24 @@ from rloo.algo.kl import kl_penalized_reward, kl_placement, token_kl, token_kl_a
 from rloo.algo.off_policy import kept_log_mass, sampler_correction_weights
 from rloo.algo.shaping import shape_scores
 from rloo.config import RLOOConfig
-from rloo.data.images import ImagePromptEncoder, VisionInputs, logged_image_files
-from rloo.data.prompts import as_completions, is_conversational, tokenize_prompts
+from rloo.data.images import VisionInputs, logged_image_files
+from rloo.data.prompts import as_completions, tokenize_prompts
 from rloo.distributed.sharding import full_weights_for_generation
-from rloo.generation.base import SampledBatch, Sampler, model_token_mask
+from rloo.event_loop import EventLoop
+from rloo.generation.base import SampledBatch, Sampler, length_limit, model_token_mask
 from rloo.generation.stop import cut_at_stop_strings
 from rloo.passes.logprobs import completion_logprobs, position_ids_from_mask
 from rloo.passes.prefix_logprobs import (
     can_share_prompts,
     grouped_completion_logprobs,
+    grouped_pays,
     groups_share_prompts,
     shares_image_prompts,
 )
 from rloo.rewards.scoring import RewardFunction, ScoredBatch, reward_arguments, score_completions
 from rloo.rewards.trl_names import RewardLog
 from rloo.rollout.batch import Rollout, Samples, padded_span  # noqa: F401 (the package's names)
-from rloo.run.event_loop import EventLoop
+from rloo.rollout.prompt_stages import PromptStage, TextPrompts
 
 
 @dataclass
@@ -50,18 +52,20 @@ class RolloutCollector:
     sampler: Sampler
     reward_functions: list[RewardFunction]
     reward_weights: list[float]
+    # Step 1's rows -> sampled batch: text, images or multi-turn (`prompt_stages.prompt_stage`); None: text prompts
+    prompt_stage: PromptStage | None = None
     trainer_state: Any = None  # what reward functions get as `trainer_state`; the trainer sets its TrainerState
     keep_old_logps: bool = False  # keep pi_old even for one step per rollout (async rollouts train off-policy)
-    multi_turn: Any = None  # a `rollout.multi_turn.MultiTurnRollout` when tools, environments or a rollout_func are given
     warned_unscored: bool = False  # the "no reward scored anything" warning was given (it is given once)
-    images: ImagePromptEncoder | None = None  # renders rows with images through the processor; None: text only
-    # The run's one loop for async tools and reward functions (run.event_loop): made here, so it lives as long as the
+    # The run's one loop for async tools and reward functions (rloo.event_loop): made here, so it lives as long as the
     # trainer's collector and closes with it; the async sampler's copy (dataclasses.replace) shares it.
     event_loop: EventLoop | None = None
 
     def __post_init__(self) -> None:
         if self.event_loop is None:
             self.event_loop = EventLoop(owner=self)
+        if self.prompt_stage is None:
+            self.prompt_stage = TextPrompts(self.tokenizer, self.args.max_prompt_length, self.args.chat_template_kwargs)
 
     @torch.no_grad()
     def collect(self, rows: list[dict[str, Any]], global_step: int = 0, episode: int = 0,
@@ -136,48 +140,43 @@ class RolloutCollector:
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         prompts = [row["prompt"] for row in rows for _ in range(num_generations)]
         state = self.trainer_state if self.trainer_state is not None else {"global_step": global_step, "episode": episode}
-        as_given = as_completions(prompts, completions)
-        if episodes is not None:
-            prompts = episodes.prompts
-            as_given = [given if messages is None or not is_conversational(prompt) else messages
-                        for given, messages, prompt in zip(as_given, episodes.messages, prompts)]
-        arguments = reward_arguments(rows, prompts, as_given, completion_ids, num_generations, state)
-        if episodes is not None:
-            arguments.update(episodes.reward_arguments)
-            if episodes.environments is not None:
-                arguments["environments"] = episodes.environments
+        as_given, more_arguments, turns, episode_metrics = as_completions(prompts, completions), {}, None, {}
+        if episodes is not None:  # trajectories: the prompts the policy saw, the completions as messages
+            prompts, as_given, more_arguments = episodes.reward_inputs(as_given)
+            turns, episode_metrics = list(episodes.messages), episodes.metrics()
+        arguments = {**reward_arguments(rows, prompts, as_given, completion_ids, num_generations, state),
+                     **more_arguments}
         reward_log = RewardLog()
         arguments.update(log_extra=reward_log.log_extra, log_metric=reward_log.log_metric)
         scored = score_completions(self.reward_functions, self.reward_weights, arguments, len(completions),
                                    step=global_step, error_policy=self.args.reward_error_policy,
-                                   warn_unscored=not self.warned_unscored, event_loop=self.event_loop)
+                                   warn_unscored=not self.warned_unscored, event_loop=self.event_loop,
+                                   timeout=self.args.reward_timeout)
         self.warned_unscored = self.warned_unscored or not bool(scored.valid.any())  # said once per run, not per step
         if self.args.reward_error_policy == "none":
             for fn in self.reward_functions:
                 reward_log.log_metric(f"rewards/{fn.name}/errors", scored.errors.get(fn.name, 0))
-        metrics = reward_log.metrics()
+        metrics = {**reward_log.metrics(), **episode_metrics}
         self.log_image_files(rows, num_generations, reward_log)
-        if episodes is not None and self.multi_turn is not None and self.multi_turn.rollout_func is None:
-            metrics.update(episodes.metrics())
         return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns), metrics=metrics,
-                               turns=None if episodes is None else list(episodes.messages),
-                               images=self.logged_images(rows, num_generations))
+                               turns=turns, images=self.logged_images(rows, num_generations))
 
     def logged_images(self, rows: list[dict[str, Any]], num_generations: int) -> list | None:
         """log_multimodal: each completion's prompt images as the dataset holds them, a list per completion (an
         `image` value wrapped in one), as TRL keeps them in `_logs["images"]`; None without images or logging."""
-        if self.images is None or not self.args.log_multimodal:
+        column = self.prompt_stage.image_column
+        if column is None or not self.args.log_multimodal:
             return None
-        column = self.images.column
         per_row = [row.get(column) if column == "images" else [row.get(column)] for row in rows]
         return [images for images in per_row for _ in range(num_generations)]
 
     def log_image_files(self, rows: list[dict[str, Any]], num_generations: int, reward_log: RewardLog) -> None:
         """log_multimodal: the logged completions' prompt images as files, in their "image" column (`data.images`)."""
         args = self.args
-        if self.images is None or not (args.log_completions and args.log_multimodal and self.accelerator.is_main_process):
+        column = self.prompt_stage.image_column
+        if column is None or not (args.log_completions and args.log_multimodal and self.accelerator.is_main_process):
             return
-        reward_log.columns["image"] = logged_image_files(rows, self.images.column, num_generations,
+        reward_log.columns["image"] = logged_image_files(rows, column, num_generations,
                                                          args.num_completions_to_print, args.output_dir)
 
     def kl_terms(self, sampled: SampledBatch, from_engine: bool
@@ -205,6 +204,9 @@ class RolloutCollector:
         and with vllm_importance_sampling_correction weight each token by the ratio kept in its band
         (`algo.off_policy.sampler_correction_weights`; the default is the capped token ratio, TIS)."""
         sampler_logps = sampled.logprobs.to(old_logps.device)
+        version = getattr(sampled, "adapter_version", None)  # which adapter version pi_sampler is (LoRA on vLLM)
+        if version is not None:
+            rollout.sampler_version = torch.full_like(sampled.has_eos, version, dtype=torch.long)
         if self.args.top_k > 0 or self.args.top_p < 1:
             # The engine's log-probs are over its kept set (vLLM's processed_logprobs); put pi_old on the same
             # support, or every ratio carries the kept mass pi_old(S) (TRL issue 6789).
@@ -239,15 +241,9 @@ class RolloutCollector:
         return torch.cat(chunks) * sampled.completion_mask
 
     def sample_rows(self, rows: list[dict[str, Any]], num_generations: int | None = None) -> tuple[SampledBatch, Any]:
-        """Step 1: K completions of each row's prompt and, with tools, environments or a rollout_func, the
-        trajectories' `multi_turn.Episodes` (else None)."""
-        k = num_generations or self.args.num_generations
-        if self.images is not None:  # the processor renders the conversation and its images (data.images)
-            prompt_ids, vision = self.images.encode(rows)
-            return self.sample_ids(prompt_ids, k, vision), None
-        if self.multi_turn is None:
-            return self.sample([row["prompt"] for row in rows], k), None
-        return self.multi_turn.run(self, rows, k)
+        """Step 1: K completions of each row's prompt (`prompt_stage`) and, with tools, environments or a
+        rollout_func, the trajectories' `multi_turn.Episodes` (else None)."""
+        return self.prompt_stage.sample(rows, num_generations or self.args.num_generations, self.sample_ids)
 
     def sample(self, prompts: list, num_generations: int | None = None) -> SampledBatch:
         """K completions of each prompt (num_generations for eval), cut after the first stop string
@@ -256,15 +252,17 @@ class RolloutCollector:
         prompt_ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs)
         return self.sample_ids(prompt_ids, num_generations or args.num_generations)
 
-    def sample_ids(self, prompt_ids: list[list[int]], num_generations: int,
-                   vision: VisionInputs | None = None) -> SampledBatch:
+    def sample_ids(self, prompt_ids: list[list[int]], num_generations: int, vision: VisionInputs | None = None,
+                   max_new_tokens: int | None = None) -> SampledBatch:
         """K completions of each token list, cut after the first stop string (which then counts as an end).
-        `vision`: the prompts' image inputs (one row per prompt), for samplers that take them."""
+        `vision`: the prompts' image inputs (one row per prompt), for samplers that take them; `max_new_tokens`:
+        at most this many tokens, for samplers that take it (`generation.base.length_limit`; else all they draw)."""
         args, acc = self.args, self.accelerator
         images = {} if vision is None else {"vision": vision.repeat(num_generations)}
         # Sharded (FSDP2 / ZeRO-3): the full weights, gathered once for the whole generation.
         with full_weights_for_generation(acc, self.model, args.ds3_gather_for_generation) as policy, acc.autocast():
-            sampled = self.sampler.sample(policy, prompt_ids, num_generations, **images)
+            sampled = self.sampler.sample(policy, prompt_ids, num_generations, **images,
+                                          **length_limit(self.sampler, max_new_tokens))
         sampled.vision = images.get("vision")
         if args.stop_strings:
             sampled.completion_ids, sampled.completion_mask, sampled.has_eos = cut_at_stop_strings(
@@ -303,11 +301,13 @@ class RolloutCollector:
         (`passes.prefix_logprobs`), the same log-probs as running every row whole. Models whose cache cannot be
         shared that way (sliding windows, linear attention), rows whose groups do not share one prompt, and rows
         with images on a model with 3-D positions not verified here (`shares_image_prompts`) run every row whole
-        (with images, each with a copy of its prompt's vision tensors, `data.images`)."""
+        (with images, each with a copy of its prompt's vision tensors, `data.images`). On CUDA every row runs whole
+        (`passes.prefix_logprobs.grouped_pays`: the unmasked whole rows keep SDPA's flash kernel)."""
         completion_length, size = sampled.completion_ids.shape[1], self.args.per_device_train_batch_size
         group_size, vision = self.args.num_generations, sampled.vision
         with self.accelerator.autocast():
             shared = can_share_prompts(model) if vision is None else shares_image_prompts(model)
+            shared = shared and grouped_pays(sampled.completion_ids.device)
             if shared and groups_share_prompts(sampled.prompt_ids, sampled.prompt_mask, group_size, vision):
                 return grouped_completion_logprobs(model, sampled.prompt_ids, sampled.prompt_mask,
                                                    sampled.completion_ids, sampled.completion_mask, group_size,

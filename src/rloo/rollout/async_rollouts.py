@@ -53,6 +53,7 @@ from typing import Any, Callable
 import torch
 
 from rloo.generation.vllm import VLLMSampler
+from rloo.generation.vllm_lora import StaleAdapterError
 from rloo.rollout import Rollout, RolloutCollector, Samples
 
 _FORK = multiprocessing.get_context("fork")
@@ -107,10 +108,27 @@ def _collect_from_newest(collector: RolloutCollector, board: WeightBoard, rows: 
     """Steps 1-4 on the newest published weights; with the optimizer step those weights are from."""
     before = board.taken
     weights_step = board.take()
+    sampler = collector.sampler
     if weights_step != before:  # the snapshot changed: an engine with its own copy (vLLM) loads it again
-        collector.sampler.on_optimizer_step(collector.model)
+        if isinstance(sampler, VLLMSampler):
+            sampler.on_optimizer_step(collector.model, tag=weights_step)
+        else:
+            sampler.on_optimizer_step(collector.model)
     rollout, samples = collector.collect(rows, global_step, episode)
+    check_sampler_versions(rollout, getattr(sampler, "version_tags", {}), weights_step)
     return rollout, samples, weights_step
+
+
+def check_sampler_versions(rollout: Rollout, version_tags: dict, weights_step: int) -> None:
+    """A LoRA engine sampled every row with the adapter version pushed from the weights of `weights_step`, those
+    pi_old was computed with; another version (an adapter the live policy pushed in between) would make the
+    sampler correction compare two other policies. Raises StaleAdapterError naming both."""
+    if rollout.sampler_version is None:
+        return
+    steps = {int(v): version_tags.get(int(v)) for v in rollout.sampler_version.unique()}
+    if any(step != weights_step for step in steps.values()):
+        raise StaleAdapterError(f"the rollout was sampled with adapter versions {steps} (version: optimizer step of "
+                                f"its weights), but pi_old is from the weights of step {weights_step}")
 
 
 class ThreadCollector:
@@ -172,8 +190,9 @@ class ForkedCollector:
         try:
             while True:
                 self.received.put(self.results_in.recv())
-        except (EOFError, OSError):  # the child ended
-            pass
+        except (EOFError, OSError):  # the child ended: say so at once, not after async_rollout_timeout (issue #48)
+            self.process.join(timeout=5)
+            self.received.put(("died", self.process.exitcode))
 
     def submit(self, rows: list[dict[str, Any]], global_step: int, episode: int) -> None:
         self.requests.send((rows, global_step, episode))
@@ -185,6 +204,11 @@ class ForkedCollector:
             status, payload = self.received.get(timeout=timeout)
         except queue.Empty:
             raise concurrent.futures.TimeoutError() from None
+        if status == "died":
+            self.received.put((status, payload))  # every later wait ends the same way
+            raise RuntimeError(f"the sampler process (pid {self.process.pid}) died with exit code {payload} before "
+                               f"delivering a rollout (a negative code is the signal that killed it: -9 is SIGKILL, "
+                               f"often the out-of-memory killer); see its output above.")
         self.queued -= 1
         if status == "error":
             raise RuntimeError(f"the sampler process failed while collecting a rollout:\n{payload}")
@@ -217,8 +241,8 @@ class AsyncRollouts:
             collector.sampler.prepare(self.snapshot)
         self.board = WeightBoard(self.snapshot, separate=max_staleness > 1)
         # With tools, the sampler runs its own copy of the multi-turn stage: its environments are its own.
-        multi_turn = None if collector.multi_turn is None else collector.multi_turn.for_sampler()
-        sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True, multi_turn=multi_turn)
+        sampler_collector = dataclasses.replace(collector, model=self.snapshot, keep_old_logps=True,
+                                                prompt_stage=collector.prompt_stage.for_sampler())
         if worker == "process":
             self.board.share_memory()
             self.runner: ThreadCollector | ForkedCollector = ForkedCollector(sampler_collector, self.board)
@@ -283,3 +307,26 @@ class AsyncRollouts:
     def close(self) -> None:
         """Stop the sampler (the process is killed; a thread finishes its rollout and ends)."""
         self.runner.close()
+
+
+class AheadOfTheLearner:
+    """The `sources.RolloutSource` of async_rollouts: an `AsyncRollouts` started when train() begins (a fresh copy of
+    the weights, a new thread or process) and stopped when it ends, its queued rollouts dropped."""
+
+    def __init__(self, collector: RolloutCollector, rows_of: Callable[[int], list[dict[str, Any]]], num_rollouts: int,
+                 timeout_s: float, max_staleness: int = 1) -> None:
+        self.collector, self.rows_of, self.num_rollouts = collector, rows_of, num_rollouts
+        self.timeout_s, self.max_staleness = timeout_s, max_staleness
+        self.running: AsyncRollouts | None = None  # while train() runs
+
+    def start(self) -> None:
+        self.running = AsyncRollouts(self.collector, self.timeout_s, self.max_staleness)
+
+    def next(self, rollout_index: int, global_step: int, episode: int) -> tuple[Rollout, Samples, dict[str, float]]:
+        return self.running.next(rollout_index, self.rows_of, global_step, episode, self.num_rollouts)
+
+    def close(self) -> None:
+        if self.running is not None:
+            self.running.discard()
+            self.running.close()
+            self.running = None

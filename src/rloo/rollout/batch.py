@@ -52,6 +52,9 @@ class Rollout:
     tool_mask: torch.Tensor | None = None
     # The rows' image inputs (`data.images.VisionInputs`), one copy of its prompt's tensors per row; None: text only.
     vision: VisionInputs | None = None
+    # (B,) long: the LoRA adapter version the engine sampled each row with (vLLM, vllm_lora_sync="adapters"), so
+    # the sampler correction knows which weights pi_sampler is; None: the engine's weights are the policy's own.
+    sampler_version: torch.Tensor | None = None
 
     def micro_batch(self, start: int, size: int, pad_to_multiple_of: int | None = None) -> "Rollout":
         """Rows [start, start + size), with padding columns that every row shares trimmed off; with
@@ -90,6 +93,7 @@ class Rollout:
             sampler_logps=columns(self.sampler_logps),
             tool_mask=columns(self.tool_mask),
             vision=None if self.vision is None else self.vision.slice(start, size),
+            sampler_version=None if self.sampler_version is None else self.sampler_version[rows],
         )
 
     def model_mask(self) -> torch.Tensor:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from accelerate import Accelerator
@@ -107,6 +107,17 @@ class DynamicSampler:
     collector: RolloutCollector
     dataset: Any
     pad_token_id: int
+    rows_of: Callable[[int], list[dict[str, Any]]] | None = None  # rollout index -> its rows (`sources.RowsOf`)
+
+    def start(self) -> None:
+        """Nothing runs beside the loop (`sources.RolloutSource`)."""
+
+    def next(self, rollout_index: int, global_step: int, episode: int) -> tuple[Rollout, Samples, dict[str, float]]:
+        """`collect` on the rollout's own rows (`sources.RolloutSource`)."""
+        return self.collect(self.rows_of(rollout_index), rollout_index, global_step, episode)
+
+    def close(self) -> None:
+        """Nothing to stop."""
 
     def extra_rows(self, rollout_index: int, round_index: int) -> list[dict[str, Any]]:
         """prompts_per_rollout dataset rows for an extra round, fixed by (seed, rollout, round, process)."""
@@ -169,11 +180,3 @@ class DynamicSampler:
             samples.extra["image"] = completion_image_files(samples.images, args.num_completions_to_print,
                                                             args.output_dir)
 
-
-def zero_spread_message(step: int, num_generations: int, reward: float) -> str:
-    """What the console says the first time every group of a rollout has zero spread."""
-    return (f"rloo: at step {step} every prompt's {num_generations} completions got the same reward (mean reward "
-            f"{reward:.4g}), so every advantage is 0 and this rollout trains nothing. If it persists: the task is "
-            f"too easy or too hard for the model (pick prompts it solves sometimes), the reward may not "
-            f"discriminate (check it on a few completions), or raise num_generations or temperature for more "
-            f"varied completions; dynamic_sampling=True resamples prompts until groups differ.")

@@ -24,15 +24,15 @@ placed on each turn's last token) would replace that sum with (B, C) per-token r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
 from rloo.config import ConfigError
+from rloo.data.dataset_rows import PLACEHOLDER_PROMPT
 from rloo.data.prompts import is_conversational, tokenize_prompts
 from rloo.generation.base import SampledBatch, left_pad
 from rloo.rollout.rollout_func import extra_field, token_logprobs
@@ -40,8 +40,6 @@ from rloo.tools import environment_tools, prepare_tool_calls, run_tool_calls, to
 from rloo.tools.parsing import ToolCall
 
 ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # TRL's required keys
-# Rows whose environment owns the data (no train_dataset or 'prompt' column): reset's text is all the user message.
-PLACEHOLDER_PROMPT = [{"role": "user", "content": ""}]
 
 
 @dataclass
@@ -54,16 +52,28 @@ class Episodes:
     reward_arguments: dict[str, list] = field(default_factory=dict)  # more per-trajectory reward-function arguments
     tool_calls: int = 0
     tool_failures: int = 0
+    logs_tool_metrics: bool = True  # False for a rollout_func's trajectories: rloo ran no tools
 
     def first(self, count: int) -> "Episodes":
         """The first `count` trajectories (evaluation drops the rows it sampled as filler)."""
         return Episodes(self.prompts[:count], self.messages[:count],
                         None if self.environments is None else self.environments[:count],
                         {key: values[:count] for key, values in self.reward_arguments.items()},
-                        self.tool_calls, self.tool_failures)
+                        self.tool_calls, self.tool_failures, self.logs_tool_metrics)
+
+    def reward_inputs(self, completions: list) -> tuple[list, list, dict[str, list]]:
+        """What reward functions get (step 2): each prompt as the policy saw it, each completion as its messages
+        where the prompt is a conversation (else as given), and rollout_func's extra fields and `environments`."""
+        completions = [given if messages is None or not is_conversational(prompt) else messages
+                       for given, messages, prompt in zip(completions, self.messages, self.prompts)]
+        environments = {} if self.environments is None else {"environments": self.environments}
+        return self.prompts, completions, {**self.reward_arguments, **environments}
 
     def metrics(self) -> dict[str, float]:
-        """TRL's tools/call_frequency (calls per trajectory) and tools/failure_frequency (failed / calls)."""
+        """TRL's tools/call_frequency (calls per trajectory) and tools/failure_frequency (failed / calls); none for a
+        rollout_func's trajectories."""
+        if not self.logs_tool_metrics:
+            return {}
         count = max(len(self.prompts), 1)
         return {"tools/call_frequency": self.tool_calls / count,
                 "tools/failure_frequency": self.tool_failures / self.tool_calls if self.tool_calls else 0.0}
@@ -110,12 +120,12 @@ def environment_reward_function(environment_class: type) -> Callable:
 
 @dataclass
 class MultiTurnRollout:
-    """Turns of sampling and tool calls; `run` is step 1 of `RolloutCollector.collect` when tools,
+    """Turns of sampling and tool calls; `sample` is step 1 (`prompt_stages.PromptStage`) when tools,
     environments or a rollout_func are given."""
 
     tokenizer: Any
     max_completion_length: int
-    max_prompt_length: int
+    max_prompt_length: int | None  # None: prompts are not truncated
     chat_template_kwargs: dict[str, Any] | None
     end_ids: set[int]
     tools: list[Callable] = field(default_factory=list)
@@ -124,10 +134,12 @@ class MultiTurnRollout:
     max_tool_calling_iterations: int | None = None
     tool_call_timeout: float = 30.0
     trainer: Any = None  # what rollout_func receives as its second argument; the trainer sets itself
+    event_loop: Any = None  # the run's `rloo.event_loop.EventLoop` for async tools (None: a loop per round)
     environment_pool: dict[Any, list] = field(default_factory=dict)  # instances reused across batches, per name
     schemas: dict[Any, list[dict]] = field(default_factory=dict)  # the tool schemas each environment's prompts get
     pending_calls: dict[int, list[ToolCall]] = field(default_factory=dict)  # each trajectory's calls of its last turn
     environments: list[Any] | None = None  # the last rollout's environment of each trajectory (TRL's trainer.environments)
+    image_column = None  # prompts with images do not run here (`prompt_stages.check_image_prompts`)
     call_format: Any = None  # how the model's turns are parsed (tools.formats.CallFormat), read from the chat template
 
     def __post_init__(self) -> None:
@@ -172,10 +184,12 @@ class MultiTurnRollout:
 
     # ------------------------------------------------------------------ the rollout
 
-    def run(self, collector: Any, rows: list[dict[str, Any]], num_generations: int) -> tuple[SampledBatch, Episodes]:
-        """The B = len(rows) * num_generations trajectories of `rows`; `collector.sample_ids` samples each turn."""
+    def sample(self, rows: list[dict[str, Any]], num_generations: int,
+               sample_policy: Callable[..., SampledBatch]) -> tuple[SampledBatch, Episodes]:
+        """The B = len(rows) * num_generations trajectories of `rows`; `sample_policy` samples each turn
+        (`prompt_stages.SamplePolicy`)."""
         if self.rollout_func is not None:
-            return self.run_rollout_func(rows, num_generations, collector.tokenizer.pad_token_id)
+            return self.run_rollout_func(rows, num_generations, self.tokenizer.pad_token_id)
         self.pending_calls.clear()
         names = [self.environment_name(row) for row in rows for _ in range(num_generations)]
         environments, observations = self.reset_environments(rows, names, num_generations)
@@ -186,22 +200,23 @@ class MultiTurnRollout:
         toolboxes = self.toolboxes(environments, len(prompts))
         trajectories = [Trajectory(ids) for ids in prompt_ids]
         groups_alike = all(prompt_ids[i] == prompt_ids[i - i % num_generations] for i in range(len(prompt_ids)))
-        first = (collector.sample_ids(prompt_ids[::num_generations], num_generations) if groups_alike
-                 else collector.sample_ids(prompt_ids, 1))
+        first = (sample_policy(prompt_ids[::num_generations], num_generations) if groups_alike
+                 else sample_policy(prompt_ids, 1))
         self.take_turn(trajectories, list(range(len(trajectories))), first)
         episodes = Episodes(prompts=prompts, messages=[t.messages for t in trajectories], environments=environments)
-        self.call_tools(collector, trajectories, toolboxes, episodes)
-        return self.batch(trajectories, collector.tokenizer.pad_token_id, first), episodes
+        self.call_tools(sample_policy, trajectories, toolboxes, episodes)
+        return self.batch(trajectories, self.tokenizer.pad_token_id, first), episodes
 
-    def call_tools(self, collector: Any, trajectories: list[Trajectory], toolboxes: list[dict[str, Callable]],
-                   episodes: Episodes) -> None:
+    def call_tools(self, sample_policy: Callable[..., SampledBatch], trajectories: list[Trajectory],
+                   toolboxes: list[dict[str, Callable]], episodes: Episodes) -> None:
         """The tool-calling rounds: run the calls, append their results, sample the next turn."""
         active = [i for i, t in enumerate(trajectories) if t.ended and t.messages[-1].get("tool_calls")]
         rounds = 0
         while active and (self.max_tool_calling_iterations is None or rounds < self.max_tool_calling_iterations):
             rounds += 1
             calls = [self.pending_calls[i] for i in active]
-            results = run_tool_calls(calls, [toolboxes[i] for i in active], self.tool_call_timeout, collector.event_loop)
+            results = run_tool_calls(calls, [toolboxes[i] for i in active], self.tool_call_timeout,
+                                     self.event_loop)
             continuing = []
             for i, turn_calls, turn_results in zip(active, calls, results):
                 episodes.tool_calls += len(turn_calls)
@@ -216,8 +231,8 @@ class MultiTurnRollout:
             if not continuing:
                 break
             budget = max(self.max_completion_length - len(trajectories[i].ids) for i in continuing)
-            with limited_new_tokens(collector.sampler, budget):
-                sampled = collector.sample_ids([trajectories[i].prompt_ids + trajectories[i].ids for i in continuing], 1)
+            sampled = sample_policy([trajectories[i].prompt_ids + trajectories[i].ids for i in continuing], 1,
+                                    max_new_tokens=budget)
             self.take_turn(trajectories, continuing, sampled)
             active = [i for i in continuing if trajectories[i].ended and trajectories[i].messages[-1].get("tool_calls")]
 
@@ -361,40 +376,6 @@ class MultiTurnRollout:
                                 logprobs=torch.zeros(1, 1) if has_logprobs else None, logprobs_from_policy=False)
         extras = {key: extra_field(key, value, len(prompts)) for key, value in output.items() if key not in ROLLOUT_FUNC_KEYS}
         return self.batch(trajectories, pad_id, template), Episodes(prompts=prompts, messages=[None] * len(prompts),
-                                                                     reward_arguments=extras)
+                                                                     reward_arguments=extras, logs_tool_metrics=False)
 
 
-def environment_owned_rows(args: Any, train_dataset: Any, num_processes: int, environment_factory: Any,
-                           take_rows: Callable) -> Any:
-    """TRL's environment-owned data: without a train_dataset, one rollout's worth of placeholder rows (the run's
-    length is max_steps); a dataset without a 'prompt' column (e.g. only `environment`) gets the placeholder
-    prompt, which `reset` does not receive (PLACEHOLDER_PROMPT)."""
-    from datasets import Dataset
-
-    if train_dataset is None:
-        if isinstance(environment_factory, dict):
-            raise ValueError("A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with an "
-                             "`environment` column to route each example to its environment. Provide a dataset, or "
-                             "pass a single environment factory.")
-        if args.max_steps <= 0:
-            raise ValueError("When training without a `train_dataset` (the environment owns the data and returns the "
-                             "prompt from `reset()`), `max_steps` must be set to a positive value to define the training "
-                             "length. Set it via `RLOOConfig(max_steps=...)`.")
-        return Dataset.from_list([{"prompt": PLACEHOLDER_PROMPT}] * (args.prompts_per_rollout * num_processes))
-    rows = take_rows(train_dataset, "train_dataset", None)
-    return rows.add_column("prompt", [PLACEHOLDER_PROMPT] * len(rows))
-
-
-@contextlib.contextmanager
-def limited_new_tokens(sampler: Any, budget: int) -> Iterator[None]:
-    """A built-in sampler (`SamplingSettings.max_new_tokens`) draws at most `budget` tokens in this block;
-    another sampler draws its own length and the rollout cuts it to the budget."""
-    original = getattr(sampler, "max_new_tokens", None)
-    if not isinstance(original, int) or budget >= original:
-        yield
-        return
-    sampler.max_new_tokens = budget
-    try:
-        yield
-    finally:
-        sampler.max_new_tokens = original

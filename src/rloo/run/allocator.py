@@ -4,7 +4,7 @@ free memory back to the device on a schedule (torch_empty_cache_steps).
 Each decode step of the sampler allocates and frees a few (rows, V) buffers: 4.9 MB for 8 rows of a
 151,936-token vocabulary. glibc serves the first from mmap, then raises its mmap threshold past that
 size on the first free, so every later buffer comes from the heap, which fragments and is not given
-back: measured by `benchmarks/sampler_memory_probe.py` (8 completions of 1,024 tokens), the sampler's
+back: measured by `benchmarks/memory/sampler_memory_probe.py` (8 completions of 1,024 tokens), the sampler's
 resident set grew 643 MB with glibc's default and 73 MB with the threshold fixed, in the same time.
 Fixing the threshold (what the MALLOC_MMAP_THRESHOLD_ variable does at start-up) keeps large buffers
 on mmap, returned on free. Tensors on a GPU are untouched by this.

@@ -112,10 +112,37 @@ def save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer:
     check_finite_weights(accelerator.unwrap_model(model), global_step, accelerator)
     try:
         return _save_checkpoint(accelerator, model, tokenizer, args, global_step, rollout_index, episode, run_id)
-    except OSError as error:
+    except (OSError, RuntimeError) as error:
+        if not isinstance(error, OSError):
+            if not _is_torch_write_error(error):
+                raise
+            error = _storage_error(Path(args.output_dir)) or error  # torch.save hides the OSError: find it again
         raise CheckpointError(f"could not write checkpoint-{global_step} into output_dir={args.output_dir!r}: {error}. "
                               f"Free disk space or fix the folder's permissions (or choose another output_dir); "
                               f"the previous checkpoint is intact, so resuming from 'latest' works.") from error
+
+
+def _is_torch_write_error(error: RuntimeError) -> bool:
+    """torch.save's zip writer reports a failed write (a full disk) as a RuntimeError without the errno."""
+    return any(marker in str(error) for marker in ("inline_container", "PytorchStreamWriter", "unexpected pos"))
+
+
+def _storage_error(output_dir: Path) -> OSError | None:
+    """The OSError (errno and path) a small synced write into output_dir raises now, or None if it succeeds."""
+    probe = output_dir / ".rloo-write-probe"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * 2**20)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        return OSError(error.errno, error.strerror, str(output_dir))
+    finally:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only folder: nothing was written
+    return None
 
 
 def _save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,

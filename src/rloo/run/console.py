@@ -15,7 +15,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from rloo.run.safe_text import console_text
+from rloo.safe_text import console_text
 
 # The metrics a person watches; the full set goes to metrics.jsonl and the trackers.
 CONSOLE_METRICS = {

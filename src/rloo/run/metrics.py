@@ -20,8 +20,8 @@ from tqdm.auto import tqdm
 from rloo.algo.importance import mismatch_metrics
 from rloo.rewards.scoring import reward_function_metrics
 from rloo.run.console import completions_table, metrics_table, render
-from rloo.run.safe_text import display, tracker_text, visible
 from rloo.run.trackers import image_files, init_kwargs, log_table, project_name, resolve_report_to, tracker_config
+from rloo.safe_text import display, tracker_text, visible
 
 
 class MetricsSink(Protocol):

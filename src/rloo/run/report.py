@@ -28,8 +28,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rloo.run.safe_text import html_text, visible
 from rloo.run.trackers import IMAGE_FILE
+from rloo.safe_text import html_text, visible
 
 # (title, [(metric, label)], band): band is (metric of the spread, "std") or (low, high) metrics.
 PANELS: list[tuple[str, list[tuple[str, str]], tuple[str, str] | None]] = [

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Mapping
 
 from rloo.config import ConfigError
-from rloo.run.safe_text import visible
+from rloo.safe_text import visible
 
 LOCK_NAME = ".rloo.lock"
 RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")

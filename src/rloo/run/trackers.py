@@ -24,18 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
-# Every tracker accelerate 1.x supports, with the module that must be importable for it.
-TRACKER_MODULES = {
-    "tensorboard": "tensorboard",
-    "wandb": "wandb",
-    "trackio": "trackio",
-    "mlflow": "mlflow",
-    "comet_ml": "comet_ml",
-    "aim": "aim",
-    "clearml": "clearml",
-    "dvclive": "dvclive",
-    "swanlab": "swanlab",
-}
+from rloo.config_checks import TRACKER_MODULES, check_report_to
+
 DEFAULT_PROJECT = "rloo"
 
 
@@ -44,19 +34,6 @@ def is_installed(tracker: str) -> bool:
     if tracker == "tensorboard":  # accelerate writes through torch.utils.tensorboard or tensorboardX
         return importlib.util.find_spec("tensorboard") is not None or importlib.util.find_spec("tensorboardX") is not None
     return importlib.util.find_spec(module) is not None
-
-
-def check_report_to(report_to: Any) -> None:
-    """Raise ValueError naming `report_to` when it is not "none", "all", a known name or a list of them."""
-    names = [report_to] if isinstance(report_to, str) else report_to
-    if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
-        raise ValueError(f"report_to must be a string or a list of strings, got {report_to!r}.")
-    unknown = [name for name in names if name not in ("none", "all", *TRACKER_MODULES)]
-    if unknown:
-        raise ValueError(f"report_to names unknown trackers {unknown}; use 'none', 'all' or some of "
-                         f"{sorted(TRACKER_MODULES)}.")
-    if len(names) > 1 and "none" in names:
-        raise ValueError(f"report_to={report_to!r} mixes 'none' with trackers; give 'none' alone.")
 
 
 def resolve_report_to(report_to: str | Sequence[str] | None) -> list[str]:

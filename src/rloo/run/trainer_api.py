@@ -5,20 +5,17 @@
   log_history, max_steps) and `TrainerControl` (`should_training_stop` is honoured).
 * `TrainOutput`: what `train()` returns, transformers' (global_step, training_loss, metrics) tuple
   that also reads like the metrics dict (`out["reward"]`), as rloo's train() returned before.
-* `take_rows`: an `IterableDataset` (no length) becomes the finite list of rows a run of `max_steps` reads.
-* `settle_streamed_train_options`: TRL's two DataLoader rules for a streamed train set.
-* `prompt_loader` and `trl_logs`: `get_train_dataloader()` / `get_eval_dataloader()` and TRL's `_logs`
-  buffer, for callbacks and scripts that read them.
+* `get_train_dataloader()` / `get_eval_dataloader()` (their loaders are built in `data/dataset_rows.py`) and
+  `trl_logs`, TRL's `_logs` buffer, for callbacks and scripts that read them.
 * `write_model_card` and `push_to_hub`: README.md next to the saved model; pushing needs the network.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import TrainerCallback, TrainerControl
@@ -26,6 +23,7 @@ from transformers.trainer_utils import TrainOutput as _TrainOutput
 
 from rloo._version import __version__
 from rloo.config import ConfigError
+from rloo.data.dataset_rows import ScheduleOrder, is_streamed, named_eval_sets, prompt_loader
 from rloo.generation.base import Sampler
 from rloo.rewards.reward_model import RewardModel
 from rloo.rewards.trl_names import TrainerStateView
@@ -101,74 +99,6 @@ EVENTS = ("on_init_end", "on_train_begin", "on_step_begin", "on_step_end", "on_l
           "on_train_end")
 
 
-def take_rows(dataset: Any, name: str, needed: int | None) -> Any:
-    """A `datasets.Dataset` as is; an IterableDataset (no length) read up to `needed` rows into one."""
-    if hasattr(dataset, "__len__") and hasattr(dataset, "column_names") and dataset.column_names is not None:
-        return dataset
-    from datasets import Dataset
-
-    if isinstance(dataset, (list, tuple)) and dataset and all(isinstance(row, dict) for row in dataset):
-        logger.warning("%s is a list of %d rows, not a datasets.Dataset; it is converted with "
-                       "Dataset.from_list (pass a Dataset to silence this).", name, len(dataset))
-        return Dataset.from_list(list(dataset))
-
-    if needed is None:
-        raise ValueError(f"{name} is an IterableDataset, which has no length: set max_steps in RLOOConfig so that "
-                         f"rloo knows how many prompts to read from it.")
-    rows = list(itertools.islice(iter(dataset), needed))
-    if len(rows) < needed:
-        raise ValueError(f"{name} holds {len(rows)} rows, fewer than the {needed} that max_steps needs.")
-    return Dataset.from_list(rows)
-
-
-def is_streamed(dataset: Any) -> bool:
-    """A `datasets.IterableDataset` (or a plain iterable of rows with no length)."""
-    return dataset is not None and not isinstance(dataset, dict) and not hasattr(dataset, "__len__")
-
-
-def settle_streamed_train_options(args: Any, train_dataset: Any) -> None:
-    """TRL's rules for a streamed train set, kept so that its scripts read the same settings.
-
-    rloo reads a streamed set once, in every process, up to the rows max_steps needs (`take_rows`), which
-    is what `dispatch_batches=False` means: an unset value reads False, True is refused as TRL refuses it.
-    `dataloader_num_workers` is set to 0, with a warning, as TRL sets it (workers would split a stream's
-    groups); it only sizes the loader `get_train_dataloader()` returns, the loop starts no workers."""
-    if not is_streamed(train_dataset):
-        return
-    accelerator_config = getattr(args, "accelerator_config", None)
-    if accelerator_config is not None:
-        if accelerator_config.dispatch_batches:
-            raise ValueError("Iterable datasets require `dispatch_batches=False`: a streamed train_dataset is read "
-                             "by every process. Remove `dispatch_batches` from accelerator_config or set it to False.")
-        accelerator_config.dispatch_batches = False
-    workers = getattr(args, "dataloader_num_workers", 0)
-    if workers:
-        logger.warning("dataloader_num_workers=%d is set to 0 for a streamed train_dataset, as TRL does (workers "
-                       "would split its groups; rloo's loop starts no workers in any case).", workers)
-        args.dataloader_num_workers = 0
-
-
-class ScheduleOrder:
-    """The dataset indices one process trains on, rollout after rollout, computed as they are read."""
-
-    def __init__(self, rows_of: Callable[[int], list[int]], num_rollouts: int, rows_per_rollout: int) -> None:
-        self.rows_of, self.num_rollouts, self.rows_per_rollout = rows_of, num_rollouts, rows_per_rollout
-
-    def __iter__(self) -> Iterator[int]:
-        for rollout in range(self.num_rollouts):
-            yield from self.rows_of(rollout)
-
-    def __len__(self) -> int:
-        return self.num_rollouts * self.rows_per_rollout
-
-
-def prompt_loader(rows: Any, order: Iterable[int] | None, batch_size: int, num_workers: int) -> Any:
-    """A torch DataLoader over dataset rows (dicts; a batch is a list of them), in `order` when given."""
-    from torch.utils.data import DataLoader
-
-    return DataLoader(rows, batch_size=batch_size, sampler=order, num_workers=num_workers, collate_fn=list)
-
-
 def trl_logs(prompts: Sequence[Any], completions: Sequence[str], reward_names: Sequence[str], reward_columns: Any,
              advantages: Sequence[float], extra: dict[str, Sequence[Any]] | None, images: Any = None) -> dict[str, Any]:
     """TRL's `trainer._logs` buffer for the last logged rollout of this process: prompt, completion,
@@ -179,35 +109,6 @@ def trl_logs(prompts: Sequence[Any], completions: Sequence[str], reward_names: S
             "rewards": {name: [row[i] for row in columns] for i, name in enumerate(reward_names)},
             "advantages": list(advantages), "extra": {k: list(v) for k, v in (extra or {}).items()},
             "images": list(images or [])}
-
-
-def train_rows(args: Any, train_dataset: Any, num_processes: int, environment_factory: Any = None) -> Any:
-    """The train set as rows the schedule indexes: a streamed set is read once, up to the rows max_steps
-    needs (after TRL's rules for its DataLoader options); a Dataset as is. With an environment_factory the
-    environment may own the data (its reset returns the prompt): rows without a prompt get an empty one."""
-    if environment_factory is not None and (train_dataset is None or "prompt" not in (getattr(train_dataset, "column_names",
-                                                                                              None) or ["prompt"])):
-        from rloo.rollout.multi_turn import environment_owned_rows
-
-        return environment_owned_rows(args, train_dataset, num_processes, environment_factory, take_rows)
-    settle_streamed_train_options(args, train_dataset)
-    needed = None if args.max_steps < 0 else (-(-args.max_steps // args.steps_per_rollout) * args.prompts_per_rollout
-                                              * num_processes)
-    return take_rows(train_dataset, "train_dataset", needed)
-
-
-def named_eval_sets(eval_dataset: Any) -> list[tuple[str | None, Any]]:
-    """[(name, Dataset)] of an eval set: a Dataset, an IterableDataset (read to its end: eval sets are
-    finite), or a dict of them (DatasetDict and IterableDatasetDict included), each named by its key."""
-    named = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
-    out = []
-    for name, dataset in named:
-        if not (hasattr(dataset, "__len__") and getattr(dataset, "column_names", None) is not None):
-            from datasets import Dataset
-
-            dataset = Dataset.from_list(list(dataset))
-        out.append((name, dataset))
-    return out
 
 
 def write_model_card(output_dir: str | Path, args: Any, model_name: str | None, dataset_name: str | None = None,
@@ -279,7 +180,8 @@ class TrainerAPI:
         then each environment class's methods, bound to its first instance), whether a MoE router loss is added
         (router_aux_loss_coef), num_generations, and `vllm_generation` (a rollout_func's sampler: RolloutGeneration)."""
         self.ref_model = self.reference
-        self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func for fn in self.reward_functions]
+        self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func
+                             for fn in self.reward_functions]
         self.reward_processing_classes = [fn.func.tokenizer if isinstance(fn.func, RewardModel) else None
                                           for fn in self.reward_functions]
         self.reward_func_names = [fn.name for fn in self.reward_functions]  # an environment's reward: its class name
@@ -373,7 +275,7 @@ class TrainerAPI:
 def saves_final_model(args: Any) -> bool:
     """Whether train() writes the final model into output_dir: yes, unless TRL's save_strategy="no" was
     given (TRL's train() writes no weights then, and scripts call save_model); save_steps=0 alone keeps it."""
-    return getattr(args, "save_strategy", "steps") not in ("no", False)  # YAML reads a bare `no` as False
+    return args.save_strategy != "no"
 
 
 def check_arguments(reward_funcs: Any, reward_model: Any, train_dataset: Any, sampler: Any,

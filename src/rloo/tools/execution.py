@@ -4,7 +4,7 @@ Every failure (an unknown tool, a malformed call, wrong arguments, an exception,
 the tool's message `{"error": "..."}`, which the model reads on its next turn, and is marked
 `failed` for `tools/failure_frequency`; none of them stops the run.
 
-Trajectories run concurrently on one event loop (the trainer's, `run.event_loop`): async tools
+Trajectories run concurrently on one event loop (the trainer's, `rloo.event_loop`): async tools
 overlap, and plain tools run one at a time (as TRL runs them, one after another: a plain tool need not be
 thread-safe), each on a daemon thread of its own. A trajectory's own calls run in the order the model
 wrote them, since environment tools change state.
@@ -29,7 +29,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rloo.run.event_loop import EventLoop
+from rloo.event_loop import EventLoop
 from rloo.tools.parsing import ToolCall
 
 

@@ -38,11 +38,13 @@ from rloo.toy.warm_start import supervised_warm_start, write_cache_entry
 
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 # Qwen-style: `<eos>` ends every message (as `<|im_end|>` does), so a turn that calls a tool ends at EOS.
-TOOL_CHAT_TEMPLATE = (
+# An assistant turn shows ASSISTANT_CONTENT, a Jinja expression: its content here; the multi-turn tests also
+# render one that drops earlier turns' `<think>` blocks, as Qwen3's template does.
+_TOOL_CHAT_MESSAGES = (
     "{%- if tools %}{{ 'system: tools' }}{% for t in tools %}{{ ' ' + t.function.name }}{% endfor %}{{ '<eos>\\n' }}"
     "{% endif %}"
     "{%- for m in messages %}"
-    "{%- if m.role == 'assistant' %}{{ 'assistant: ' + m.content }}"
+    "{%- if m.role == 'assistant' %}{{ 'assistant: ' + ASSISTANT_CONTENT }}"
     "{%- for c in m.tool_calls or [] %}{{ '<tool_call>' }}"
     "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}{{ '</tool_call>' }}{% endfor %}"
     "{{ '<eos>\\n' }}"
@@ -51,6 +53,14 @@ TOOL_CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
 )
+
+
+def tool_chat_template(assistant_content: str = "m.content") -> str:
+    """The toy's chat template, an assistant turn rendered as the Jinja expression `assistant_content`."""
+    return _TOOL_CHAT_MESSAGES.replace("ASSISTANT_CONTENT", assistant_content)
+
+
+TOOL_CHAT_TEMPLATE = tool_chat_template()
 DIGITS = 4  # operands up to 9999: the tiny model does not learn that in minutes, and copies it easily
 TOOL_FRACTION = 0.4  # warm-start rows that show the tool call; the others answer with a guess
 ANSWER_ROWS = True  # each tool row also teaches the final copy alone (`warm_start_rows`)
