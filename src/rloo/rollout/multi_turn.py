@@ -35,12 +35,11 @@ from rloo.config import ConfigError
 from rloo.data.dataset_rows import PLACEHOLDER_PROMPT
 from rloo.data.prompts import is_conversational, tokenize_prompts
 from rloo.generation.base import SampledBatch, left_pad
+from rloo.rollout.rollout_func import extra_field, token_logprobs
 from rloo.tools import environment_tools, prepare_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
 from rloo.tools.parsing import ToolCall
 
 ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # TRL's required keys
-# The prompt of rows whose environment owns the data (no train_dataset, or no 'prompt' column): reset's text
-# becomes the whole user message. `reset` does not receive it.
 
 
 @dataclass
@@ -365,7 +364,7 @@ class MultiTurnRollout:
         for i, (prompt_ids, ids) in enumerate(zip(output["prompt_ids"], completions)):
             t = Trajectory(list(prompt_ids))
             t.ids, t.tool_mask = list(ids), list(env_mask[i]) if env_mask is not None else [1] * len(ids)
-            t.logprobs = list(logprobs[i]) if logprobs is not None and logprobs[i] is not None else [0.0] * len(ids)
+            t.logprobs = token_logprobs(logprobs[i] if logprobs is not None else None, len(ids))
             if not (len(t.tool_mask) == len(t.logprobs) == len(t.ids)):
                 raise ValueError(f"rollout_func row {i}: completion_ids, env_mask and logprobs must have the same length "
                                  f"(got {len(t.ids)}, {len(t.tool_mask)} and {len(t.logprobs)}).")
@@ -375,7 +374,7 @@ class MultiTurnRollout:
         template = SampledBatch(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), torch.zeros(1, 1, dtype=torch.long),
                                 torch.zeros(1, 1), torch.zeros(1, dtype=torch.bool),
                                 logprobs=torch.zeros(1, 1) if has_logprobs else None, logprobs_from_policy=False)
-        extras = {key: list(value) for key, value in output.items() if key not in ROLLOUT_FUNC_KEYS}
+        extras = {key: extra_field(key, value, len(prompts)) for key, value in output.items() if key not in ROLLOUT_FUNC_KEYS}
         return self.batch(trajectories, pad_id, template), Episodes(prompts=prompts, messages=[None] * len(prompts),
                                                                      reward_arguments=extras, logs_tool_metrics=False)
 
