@@ -201,7 +201,8 @@ def reward_digits(completions, **kwargs):
 if __name__ == "__main__":
     folder, out, use_async = sys.argv[1], sys.argv[2], sys.argv[3] == "async"
     data = Dataset.from_list([{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)])
-    args = RLOOConfig(output_dir=out, use_vllm=True, async_rollouts=use_async, max_staleness=2, num_generations=4,
+    staleness = {"async_rollouts": True, "max_staleness": 2} if use_async else {}
+    args = RLOOConfig(output_dir=out, use_vllm=True, **staleness, num_generations=4,
                       per_device_train_batch_size=8, max_completion_length=8, max_steps=4, learning_rate=3e-2,
                       beta=0.0, logging_steps=1, save_steps=0, report_to=[], seed=0, eval_steps=2)
     lora = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
