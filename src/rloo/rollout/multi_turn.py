@@ -35,12 +35,11 @@ from rloo.config import ConfigError
 from rloo.data.dataset_rows import PLACEHOLDER_PROMPT
 from rloo.data.prompts import is_conversational, tokenize_prompts
 from rloo.generation.base import SampledBatch, left_pad
-from rloo.tools import check_tool_template, environment_tools, parse_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
+from rloo.rollout.rollout_func import extra_field, token_logprobs
+from rloo.tools import environment_tools, prepare_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
 from rloo.tools.parsing import ToolCall
 
 ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # TRL's required keys
-# The prompt of rows whose environment owns the data (no train_dataset, or no 'prompt' column): reset's text
-# becomes the whole user message. `reset` does not receive it.
 
 
 @dataclass
@@ -141,6 +140,7 @@ class MultiTurnRollout:
     pending_calls: dict[int, list[ToolCall]] = field(default_factory=dict)  # each trajectory's calls of its last turn
     environments: list[Any] | None = None  # the last rollout's environment of each trajectory (TRL's trainer.environments)
     image_column = None  # prompts with images do not run here (`prompt_stages.check_image_prompts`)
+    call_format: Any = None  # how the model's turns are parsed (tools.formats.CallFormat), read from the chat template
 
     def __post_init__(self) -> None:
         if self.rollout_func is not None:
@@ -157,7 +157,7 @@ class MultiTurnRollout:
                 tools += environment_tools(instance)
             self.schemas[name] = tool_schemas(tools)
         if any(self.schemas.values()):  # an environment without methods needs no tool template
-            check_tool_template(self.tokenizer, self.chat_template_kwargs)
+            self.call_format = prepare_tool_calls(self.tokenizer, self.schemas, self.end_ids, self.chat_template_kwargs)
 
     def for_sampler(self) -> "MultiTurnRollout":
         """A copy for `async_rollouts`' sampler (a thread or a forked process): the same tools and factories,
@@ -247,7 +247,7 @@ class MultiTurnRollout:
             trajectory.add(ids, from_model=True, logprobs=logprobs)
             trajectory.ended = bool(sampled.has_eos[row]) and len(ids) == length
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            content, calls = parse_tool_calls(text)
+            content, calls = self.call_format.parse(self.tokenizer.decode(ids)) if self.call_format else (text, [])
             message: dict[str, Any] = {"role": "assistant", "content": content if calls else text}
             if calls:
                 message["tool_calls"] = [call.as_message_call() for call in calls]
@@ -364,7 +364,7 @@ class MultiTurnRollout:
         for i, (prompt_ids, ids) in enumerate(zip(output["prompt_ids"], completions)):
             t = Trajectory(list(prompt_ids))
             t.ids, t.tool_mask = list(ids), list(env_mask[i]) if env_mask is not None else [1] * len(ids)
-            t.logprobs = list(logprobs[i]) if logprobs is not None and logprobs[i] is not None else [0.0] * len(ids)
+            t.logprobs = token_logprobs(logprobs[i] if logprobs is not None else None, len(ids))
             if not (len(t.tool_mask) == len(t.logprobs) == len(t.ids)):
                 raise ValueError(f"rollout_func row {i}: completion_ids, env_mask and logprobs must have the same length "
                                  f"(got {len(t.ids)}, {len(t.tool_mask)} and {len(t.logprobs)}).")
@@ -374,7 +374,7 @@ class MultiTurnRollout:
         template = SampledBatch(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), torch.zeros(1, 1, dtype=torch.long),
                                 torch.zeros(1, 1), torch.zeros(1, dtype=torch.bool),
                                 logprobs=torch.zeros(1, 1) if has_logprobs else None, logprobs_from_policy=False)
-        extras = {key: list(value) for key, value in output.items() if key not in ROLLOUT_FUNC_KEYS}
+        extras = {key: extra_field(key, value, len(prompts)) for key, value in output.items() if key not in ROLLOUT_FUNC_KEYS}
         return self.batch(trajectories, pad_id, template), Episodes(prompts=prompts, messages=[None] * len(prompts),
                                                                      reward_arguments=extras, logs_tool_metrics=False)
 

@@ -27,6 +27,7 @@ from rloo.data.dataset_rows import ScheduleOrder, is_streamed, named_eval_sets, 
 from rloo.generation.base import Sampler
 from rloo.rewards.reward_model import RewardModel
 from rloo.rewards.trl_names import TrainerStateView
+from rloo.rollout.rollout_func import RolloutGeneration
 from rloo.run import checkpoint
 from rloo.run.run_lock import LOCK_NAME
 
@@ -176,8 +177,8 @@ class TrainerAPI:
         """The attributes TRL's trainer has that scripts and callbacks read: the reference model (None
         when beta is 0 or under LoRA), the reward functions with reward models as their models, each
         one's tokenizer (None for plain functions), their names and weights (a tensor), the tools (the given ones,
-        then each environment class's methods, bound to its first instance), and whether a MoE router loss is added
-        (router_aux_loss_coef)."""
+        then each environment class's methods, bound to its first instance), whether a MoE router loss is added
+        (router_aux_loss_coef), num_generations, and `vllm_generation` (a rollout_func's sampler: RolloutGeneration)."""
         self.ref_model = self.reference
         self.reward_funcs = [fn.func.model if isinstance(fn.func, RewardModel) else fn.func
                              for fn in self.reward_functions]
@@ -190,6 +191,7 @@ class TrainerAPI:
         self.tools = [] if multi_turn is None else multi_turn.listed_tools()
         self.rollout_func = None if multi_turn is None else multi_turn.rollout_func
         self.max_tool_calling_iterations = self.args.max_tool_calling_iterations
+        self.num_generations, self.vllm_generation = self.args.num_generations, RolloutGeneration(self.collector)
         self._logs = trl_logs([], [], [], torch.zeros(0, 0), [], None)  # TRL's buffer, filled at each log
 
     @property
