@@ -6,10 +6,11 @@
 #   bash scripts/gpu_lease.sh --dry-run OUTDIR      # here: the same steps on CPU at tiny sizes (no install)
 #   bash scripts/gpu_lease.sh OUTDIR                # on the GPU machine, .gpu_wheels carried: at most 480 s
 #   bash scripts/gpu_lease.sh OUTDIR --long         # a second call if the lease has time left: 16,384 new tokens
+#   bash scripts/gpu_lease.sh OUTDIR --trl          # or: the TRL sections the first call's budget skipped
 #
 # The first call installs the wheels and rloo (no index, no dependencies: the image's torch and transformers stay),
 # then runs, each under its own time limit: benchmarks/gpu/gpu_micro.py (the attribution, <= 150 s), the tests marked
-# `cuda` (<= 60 s), and benchmarks/gpu/gpu_check.py with the rest of the 480 s: the CUDA correctness checks, rloo at 512
+# `cuda` (<= 120 s), and benchmarks/gpu/gpu_check.py with the rest of the 480 s: the CUDA correctness checks, rloo at 512
 # new tokens, then TRL 1.16 at rloo's settings, with continuous batching, with Liger, and at its defaults (one timed
 # step after one warm-up each; a section the budget cannot hold is recorded as skipped). OUTDIR receives at most 8
 # files: lease.log, install.log, cuda_tests.log, gpu_micro.json, gpu_micro.md, profile_training_micro_batch.txt,
@@ -57,6 +58,14 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 cd "$here"
 
+if [ "$mode" = "--trl" ]; then
+    # TRL's sections the first call's budget skipped, on their own (rloo's figures are in the first call's files).
+    budget=$(( $(left) - 25 ))
+    timeout -k 10 $(( budget + 15 )) python3 benchmarks/gpu/gpu_check.py $tiny --out "$out" --timed-steps 1 \
+        --budget-s "$budget" --sections environment,matmul_peak,speed_trl_cb_512,speed_trl_liger_512,speed_trl_defaults_512
+    echo "gpu_lease: done in $(( $(date +%s) - start )) s"
+    exit 0
+fi
 if [ "$mode" = "--long" ]; then
     # 16,384 new tokens, 1 prompt x K = 8, one step, no warm-up; then 4,096 if time is left.
     budget=$(( $(left) - 25 ))
@@ -70,13 +79,14 @@ echo "== gpu_micro ($(left) s left)"
 timeout -k 10 150 python3 benchmarks/gpu/gpu_micro.py $tiny --out "$out" --budget-s 130
 
 echo "== tests marked cuda ($(left) s left)"
-timeout -k 5 60 python3 -m pytest -q -p no:cacheprovider -m cuda tests/algo/test_lm_head_precision.py \
+timeout -k 5 120 python3 -m pytest -q -p no:cacheprovider -m cuda tests/algo/test_lm_head_precision.py \
     tests/generation/test_static_decode.py > "$out/cuda_tests.log" 2>&1
 echo "pytest exit $? (cuda_tests.log):"; tail -5 "$out/cuda_tests.log"
 
 budget=$(( $(left) - 25 ))
 echo "== gpu_check (${budget} s budget)"
-sections=environment,matmul_peak,tiled_head_fp32,tiled_head_bf16,sampler_same_draws,speed_rloo_512
+sections=environment,matmul_peak,tiled_head_fp32,tiled_head_bf16,lean_activations_fp32,lean_activations_bf16
+sections=$sections,shared_prefix_fp32,shared_prefix_bf16,sampler_same_draws,rloo_step_cuda_vs_cpu,speed_rloo_512
 sections=$sections,speed_trl_ours_512,speed_trl_cb_512,speed_trl_liger_512,speed_trl_defaults_512
 timeout -k 10 $(( budget + 15 )) python3 benchmarks/gpu/gpu_check.py $tiny --out "$out" --timed-steps 1 \
     --budget-s "$budget" --sections "$sections"

@@ -740,6 +740,8 @@ def speed_section(plan: Plan, system: str, model_path: str, tokenizer, budget: B
         else:
             trainer = trl_trainer(*build_args, system=system)
             phases.wrap(trainer.model, "generate", "generation")  # unwrap_model_for_generation yields this object
+            if system == "trl_cb":  # continuous batching: TRL calls the model's generate_batch instead
+                phases.wrap(trainer.model, "generate_batch", "generation")
             phases.wrap(trainer, "_get_per_token_logps_and_entropies", "no_grad_passes", only_without_grad=True)
             phases.wrap(trainer, "compute_loss", "training_pass")
             phases.wrap(trainer.accelerator, "backward", "training_pass")

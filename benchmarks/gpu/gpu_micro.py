@@ -82,7 +82,7 @@ def autocast(device: str):
 
 def bf16_parameters(model: torch.nn.Module) -> torch.nn.Module:
     """A frozen copy with bf16 parameters, fp32 buffers: what the reference and the sampler's copy hold."""
-    from rloo.generation.fast import half_copy
+    from rloo.generation.half_weights import half_copy
 
     return half_copy(model, torch.bfloat16)
 
@@ -193,7 +193,8 @@ def no_grad_piece(device: str, config: dict, sizes: dict, model: torch.nn.Module
 
 
 def decode_piece(device: str, config: dict, sizes: dict, model: torch.nn.Module) -> dict:
-    from rloo.generation.fast import FastSampler, kv_bytes_per_token
+    from rloo.generation.fast import FastSampler
+    from rloo.generation.half_weights import kv_bytes_per_token
     from rloo.generation.kv_cache import append_in_place_cache
     from rloo.passes.logprobs import cache_argument
 

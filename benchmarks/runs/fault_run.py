@@ -117,9 +117,9 @@ def _act(action: str) -> None:
 
 
 def _arm(point: str, count: int, action: str) -> None:
-    from rloo import update
+    from rloo import evaluation, update
     from rloo.rewards import reward_model
-    from rloo.run import checkpoint, evaluation
+    from rloo.run import checkpoint
 
     targets = {"step": (update.Learner, "step"), "eval": (evaluation, "evaluate"), "save": (checkpoint, "_fsync_tree"),
                "reward_model": (reward_model.RewardModel, "__call__")}

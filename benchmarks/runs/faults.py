@@ -194,7 +194,7 @@ def first_line(output: str) -> str:
     """The message: the last `rloo: ...` line (the CLI's one-line errors and stop notes), else the last error."""
     lines = [line.strip() for line in re.split(r"[\r\n]", output) if line.strip()]
     for pattern in (r"rloo: (error|stopped|second signal).*", r"\[rank\d\]: \w+(Error|Timeout)\b.*",
-                    r"^\w+(Error|Timeout|Exception)\b.*", r"reward function .* scored None.*",
+                    r"^[\w.]*(Error|Timeout|Exception): .*", r"reward function .* scored None.*",
                     r"rloo: \S.*", r"Saved the trained model.*"):
         hits = [match.group(0) for line in lines if (match := re.search(pattern, line))]
         if hits:

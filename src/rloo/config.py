@@ -57,8 +57,8 @@ class RLOOConfig:
     """Keyword arguments for `from_pretrained` of every model given by name, as TRL names them:
     dtype ("auto", "bfloat16", "float16", "float32"; default "auto": the checkpoint's dtype),
     attn_implementation, revision, trust_remote_code (default False), quantization_config (a
-    BitsAndBytesConfig or its dict, for QLoRA with a peft_config; needs a CUDA GPU). Ignored for models
-    passed already loaded."""
+    BitsAndBytesConfig or its dict, for QLoRA with a peft_config; or TRL's load_in_4bit / load_in_8bit:
+    bitsandbytes >= 0.49, the `quantization` extra, on CUDA or CPU). Ignored for models passed already loaded."""
     trust_remote_code: bool = False
     """Let `from_pretrained` run the modelling code of a model, tokenizer or processor given by name (TRL's name;
     model_init_kwargs' own trust_remote_code does the same for the models). Only for repositories you trust."""

@@ -31,6 +31,12 @@ def model_init_kwargs(args: RLOOConfig) -> dict[str, Any]:
     torch dtypes and TRL's spellings are read (`given_init_kwargs`), a quantization_config dict becomes a
     BitsAndBytesConfig."""
     kwargs = {**DEFAULT_INIT_KWARGS, **given_init_kwargs(args, model_is_loaded=False)}
+    bits = {key: kwargs.pop(key) for key in ("load_in_4bit", "load_in_8bit") if key in kwargs}
+    if any(bits.values()):  # TRL's spelling; transformers 5 takes them only inside a BitsAndBytesConfig
+        if kwargs.get("quantization_config") is not None:
+            raise ConfigError(f"model_init_kwargs gives both {sorted(bits)} and a quantization_config; give one "
+                              f"(e.g. quantization_config={{'load_in_4bit': True, 'bnb_4bit_quant_type': 'nf4'}}).")
+        kwargs["quantization_config"] = {key: value for key, value in bits.items() if value}
     if isinstance(kwargs.get("quantization_config"), dict):
         from transformers import BitsAndBytesConfig
 
@@ -76,10 +82,21 @@ def prepare_quantized(policy: torch.nn.Module, peft_config: Any, args: RLOOConfi
                          "trained directly. Pass a peft_config (QLoRA) or drop the quantization_config.")
     from peft import prepare_model_for_kbit_training
 
+    keep_4bit_layers_trainable_on_cpu(policy)
     # Under shared_prefix_forward the builder checkpoints the layers itself (`checkpoint_layers`).
     return prepare_model_for_kbit_training(
         policy, use_gradient_checkpointing=args.gradient_checkpointing and not args.shared_prefix_forward,
         gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def keep_4bit_layers_trainable_on_cpu(model: torch.nn.Module) -> None:
+    """bitsandbytes (0.50) repacks a 4-bit layer's weight for its AVX512-BF16 inference kernel the first time the
+    layer runs in eval mode without grad on a CPU that has the instruction (sampling does), for good; the next
+    training forward then fails ("a view of a leaf Variable ... in-place operation"). Turned off here: the 4-bit
+    layers always run the same (trainable) path, in sampling, the reference and the training passes alike."""
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
 
 
 def checkpoint_layers(model: torch.nn.Module) -> int:

@@ -68,6 +68,7 @@ def test_dry_run_passes_every_check_and_times_every_run(tmp_path):
         assert sections["speed_trl_defaults_512"]["settings"]["gradient_checkpointing"] is True
         assert sections["speed_trl_ours_512"]["settings"]["gradient_checkpointing"] is False
         assert sections["speed_trl_cb_512"]["settings"]["use_transformers_continuous_batching"] is True
+        assert sections["speed_trl_cb_512"]["generation_s_per_step"] > 0  # generate_batch is timed as generation
     table = (tmp_path / "gpu_check.md").read_text()
     assert all(name in table for name in CORRECTNESS + SPEED) and "FAIL" not in table
 

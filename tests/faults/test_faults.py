@@ -1,8 +1,8 @@
-"""Every fault of benchmarks/faults.py, injected into a real tiny `rloo train` run (issue #48): the run ends within
+"""Every fault of benchmarks/runs/faults.py, injected into a real tiny `rloo train` run (issue #48): the run ends within
 its deadline, with its exit status and message, no complete checkpoint damaged, the resumable ones resuming to the
 unfaulted run's weights bit for bit, and no process of its tree left behind (found by /proc, from outside).
 
-Each run is a subprocess of about 10 s (20 s for the 2-process ones). The storage faults need root (a tmpfs as
+Each run is a subprocess of 10-30 s (a stalled rank: ddp_timeout plus torchrun's grace, about 80 s). The storage faults need root (a tmpfs as
 output_dir) and are skipped without it; tests/faults/test_disk_full.py covers the full disk in-process."""
 
 import os
@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "runs"))
 
-import faults  # noqa: E402  (benchmarks/faults.py)
+import faults  # noqa: E402  (benchmarks/runs/faults.py)
 
 FAULTS = {fault.name: fault for fault in faults.faults()}
+pytestmark = pytest.mark.slow  # 26 runs of 10-80 s each; -m "not slow" leaves them out
 
 
 @pytest.fixture(scope="module")

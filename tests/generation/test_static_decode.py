@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rloo.generation import static_decode
-from rloo.generation.fast import FastSampler, half_copy, kv_bytes_per_token
+from rloo.generation.fast import FastSampler
+from rloo.generation.half_weights import half_copy, kv_bytes_per_token
 from rloo.generation.static_decode import StaticRowsLayer, static_refusal, takes_prepared_masks
 
 
@@ -164,3 +165,22 @@ def test_cuda_bf16_copy_under_autocast_samples(make_model, tokenizer):
         batch = sampler.sample(model, _prompts(tokenizer, PROMPTS), num_generations=2)
     assert sampler._copy is not None and next(sampler._copy[1].parameters()).dtype == torch.bfloat16
     assert batch.completion_ids.shape[0] == 8
+
+
+@pytest.mark.cuda
+def test_cuda_waves_fit_the_free_memory(make_model, tokenizer):
+    from rloo.generation.half_weights import rows_fitting_memory
+
+    model = make_model(seed=0).cuda()
+    rows = rows_fitting_memory(model, tokens_per_row=1000, k=4, share=0.5)
+    assert rows % 4 == 0 and rows >= 4
+    free, _ = torch.cuda.mem_get_info()
+    per_row = 1000 * kv_bytes_per_token(model)
+    assert rows * per_row <= 0.5 * (free + torch.cuda.memory_reserved()) + 4 * per_row
+
+
+def test_waves_off_cuda_take_every_row(make_model, tokenizer):
+    sampler = FastSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=4)
+    assert sampler.rows_per_wave(make_model(), 10, 3) is None  # CPU: one pass
+    assert FastSampler(tokenizer.pad_token_id, [tokenizer.eos_token_id], max_new_tokens=4,
+                       wave_rows=7).rows_per_wave(make_model(), 10, 3) == 6  # whole groups

@@ -326,13 +326,15 @@ def test_a_program_that_ignores_sigterm_and_its_escaped_child_are_killed_at_the_
     code = (f"import os, signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nif os.fork() == 0:\n    os.setsid()\n"
             f"    os.execv('/bin/sleep', ['sleep', '{token}'])\nos.execv('/bin/sleep', ['sleep', '{token}'])\n")
     run = Background(code, timeout_s=3)
-    seen = _watch(token, run, len)
+    seen = _watch(token, run, list)
     result = run.join()
     left = processes_with(token)
     for pid in left:
         os.kill(pid, 9)
-    assert result.timed_out and max(seen, default=0) == 2  # both started, both outlived the timeout...
-    assert len(left) == (0 if stops(layers, "a setsid child outliving the run") else 1)  # ...and none is left
+    assert result.timed_out and max(map(len, seen), default=0) == 2  # both started, both outlived the timeout...
+    assert len(left) == (0 if stops(layers, "a setsid child outliving the run") else 1)  # ...and none is left,
+    zombies = [pid for pid in set().union(*seen) if os.path.exists(f"/proc/{pid}")]  # not even unreaped:
+    assert not zombies or not stops(layers, "a setsid child outliving the run"), zombies  # they count against NPROC
 
 
 def test_the_number_of_files_a_program_creates_is_bounded(layers):

@@ -86,9 +86,9 @@ class ModelConfig:
     use_dora: bool = False
     """Weight-decomposed LoRA (DoRA)."""
     load_in_8bit: bool = False
-    """Load the base model in 8 bits with bitsandbytes (needs use_peft and a CUDA GPU)."""
+    """Load the base model in 8 bits with bitsandbytes (needs use_peft and bitsandbytes; CUDA or CPU)."""
     load_in_4bit: bool = False
-    """Load the base model in 4 bits with bitsandbytes (QLoRA; needs use_peft and a CUDA GPU)."""
+    """Load the base model in 4 bits with bitsandbytes (QLoRA; needs use_peft and bitsandbytes; CUDA or CPU)."""
     bnb_4bit_quant_type: str = "nf4"
     """4-bit quantisation type: "nf4" or "fp4"."""
     use_bnb_nested_quant: bool = False

@@ -98,8 +98,8 @@ def quantization_config(trl: Any, script: Any) -> Any:
     import importlib.util
 
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise ConfigError("--load_in_4bit / --load_in_8bit need bitsandbytes and a CUDA GPU: "
-                          "`pip install bitsandbytes`, or drop the flag.")
+        raise ConfigError("--load_in_4bit / --load_in_8bit need bitsandbytes (>= 0.49 runs on "
+                          "CPU too): `pip install 'rloo[quantization]'`, or drop the flag.")
     import torch
     from transformers import BitsAndBytesConfig
 

@@ -52,7 +52,7 @@ import torch
 
 from rloo.config_checks import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
-from rloo.generation.half_weights import autocast_would_cast, copyable, half_copy, kv_bytes_per_token
+from rloo.generation.half_weights import autocast_would_cast, copyable, half_copy, rows_fitting_memory
 from rloo.generation.kv_cache import AppendInPlaceLayer, append_in_place_cache
 from rloo.generation.static_decode import make_step, static_refusal
 from rloo.passes import mrope
@@ -239,19 +239,11 @@ class FastSampler(SamplingSettings):
         return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos, logprobs,
                             logprobs_from_policy=True)
 
-    def rows_per_wave(self, model: torch.nn.Module, prompt_length: int, k: int, max_new_tokens: int) -> int | None:
+    def rows_per_wave(self, model: torch.nn.Module, prompt_length: int, k: int, max_new_tokens: int | None = None) -> int | None:
         """Completion rows decoded at once (a multiple of k), or None for all."""
         if self.wave_rows:
             return max(k, self.wave_rows // k * k)
-        device = next(model.parameters()).device
-        if device.type != "cuda":
-            return None
-        per_row = kv_bytes_per_token(model) * (prompt_length + max_new_tokens)
-        if not per_row:
-            return None
-        free, _ = torch.cuda.mem_get_info(device)
-        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return max(k, int(CUDA_CACHE_SHARE * free // per_row) // k * k)
+        return rows_fitting_memory(model, prompt_length + (max_new_tokens or self.max_new_tokens), k, CUDA_CACHE_SHARE)
 
     def _decode_in_waves(self, model: torch.nn.Module, prompts: list[list[int]], prompt_ids: torch.Tensor,
                          prompt_mask: torch.Tensor, k: int, vision: Any,

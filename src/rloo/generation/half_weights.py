@@ -58,3 +58,15 @@ def kv_bytes_per_token(model: torch.nn.Module) -> int:
         return 0
     element = next(model.parameters()).element_size()
     return 2 * layers * heads * width * element
+
+
+def rows_fitting_memory(model: torch.nn.Module, tokens_per_row: int, k: int, share: float) -> int | None:
+    """Rows (a multiple of k, at least k) whose KV cache of `tokens_per_row` fits `share` of the free CUDA memory
+    (the driver's free memory plus what PyTorch holds unallocated); None off CUDA or when the config does not say."""
+    device = next(model.parameters()).device
+    per_row = kv_bytes_per_token(model) * tokens_per_row
+    if device.type != "cuda" or not per_row:
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(k, int(share * free // per_row) // k * k)

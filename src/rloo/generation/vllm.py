@@ -320,8 +320,7 @@ class VLLMSampler(SamplingSettings):
     def prepare(self, model: torch.nn.Module) -> None:
         """Build the engine now (from this thread: vLLM sets signal handlers only in the main thread)."""
         with self._lock:
-            if self.engine is None:
-                self.engine = self._build_engine(model)
+            self.engine = self.engine or self._build_engine(model)
 
     def _build_engine(self, model: torch.nn.Module) -> Engine:
         self.lora_sync = choose_lora_sync(model, self.args)

@@ -35,7 +35,7 @@ from rloo.config import ConfigError
 from rloo.data.dataset_rows import PLACEHOLDER_PROMPT
 from rloo.data.prompts import is_conversational, tokenize_prompts
 from rloo.generation.base import SampledBatch, left_pad
-from rloo.tools import check_tool_template, environment_tools, parse_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
+from rloo.tools import environment_tools, prepare_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
 from rloo.tools.parsing import ToolCall
 
 ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # TRL's required keys
@@ -141,6 +141,7 @@ class MultiTurnRollout:
     pending_calls: dict[int, list[ToolCall]] = field(default_factory=dict)  # each trajectory's calls of its last turn
     environments: list[Any] | None = None  # the last rollout's environment of each trajectory (TRL's trainer.environments)
     image_column = None  # prompts with images do not run here (`prompt_stages.check_image_prompts`)
+    call_format: Any = None  # how the model's turns are parsed (tools.formats.CallFormat), read from the chat template
 
     def __post_init__(self) -> None:
         if self.rollout_func is not None:
@@ -157,7 +158,7 @@ class MultiTurnRollout:
                 tools += environment_tools(instance)
             self.schemas[name] = tool_schemas(tools)
         if any(self.schemas.values()):  # an environment without methods needs no tool template
-            check_tool_template(self.tokenizer, self.chat_template_kwargs)
+            self.call_format = prepare_tool_calls(self.tokenizer, self.schemas, self.end_ids, self.chat_template_kwargs)
 
     def for_sampler(self) -> "MultiTurnRollout":
         """A copy for `async_rollouts`' sampler (a thread or a forked process): the same tools and factories,
@@ -247,7 +248,7 @@ class MultiTurnRollout:
             trajectory.add(ids, from_model=True, logprobs=logprobs)
             trajectory.ended = bool(sampled.has_eos[row]) and len(ids) == length
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            content, calls = parse_tool_calls(text)
+            content, calls = self.call_format.parse(self.tokenizer.decode(ids)) if self.call_format else (text, [])
             message: dict[str, Any] = {"role": "assistant", "content": content if calls else text}
             if calls:
                 message["tool_calls"] = [call.as_message_call() for call in calls]

@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from rloo.config import ConfigError
+from rloo.tools import formats
+from rloo.tools.formats import CallFormat
 
 _NAME, _KEY, _VALUE, _CONTENT = "tool_name_7c1e", "tool_key_3f9a", "tool_value_5b2d", "tool_content_9e4f"
 
@@ -52,10 +54,30 @@ def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]], end_ids
     return after[after_ends[len(before_ends) - 1] + 1:]
 
 
-def check_tool_template(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+def check_tool_template(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None,
+                        end_ids: set[int] | None = None) -> None:
     """Refuse, before training, a chat template that cannot carry a tool conversation: one that drops the
     assistant's tool calls or the tool messages, fails on the role `tool`, or does not end the assistant's
-    turn with the eos token before the tool messages (then results cannot be appended as tokens)."""
+    turn with one of `end_ids` (default: the eos token) before the tool messages (then results cannot be
+    appended as tokens)."""
+    _check_renders_tools(tokenizer, chat_template_kwargs)
+    _check_suffix(tokenizer, chat_template_kwargs, end_ids or {tokenizer.eos_token_id})
+
+
+def prepare_tool_calls(tokenizer: Any, schemas: dict[Any, list[dict[str, Any]]], stop_ids: set[int],
+                       chat_template_kwargs: dict[str, Any] | None = None) -> CallFormat:
+    """Before training: the format the model's calls are parsed in (`tools.formats`; `schemas`: each environment's
+    tool schemas), after checking that the chat template renders a tool conversation, ends a call turn with a token
+    generation stops at (`call_turn_end`) and lets tool results follow it as tokens; ConfigError naming the family
+    and the problem otherwise."""
+    _check_renders_tools(tokenizer, chat_template_kwargs)
+    call_format = formats.call_format(tokenizer, [s for group in schemas.values() for s in group], chat_template_kwargs)
+    call_turn_end(tokenizer, stop_ids, chat_template_kwargs)
+    _check_suffix(tokenizer, chat_template_kwargs, stop_ids)
+    return call_format
+
+
+def _check_renders_tools(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> None:
     if getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError("tools need a chat template that renders tool calls and tool messages, and the tokenizer has "
                           "none. Set tokenizer.chat_template (e.g. the model's instruct template), or train without tools.")
@@ -67,15 +89,40 @@ def check_tool_template(tokenizer: Any, chat_template_kwargs: dict[str, Any] | N
                           f"tool): {error}. Use the model's tool-calling template.") from error
     missing = [part for part in (_NAME, _KEY, _VALUE, _CONTENT) if part not in text]
     if missing:
-        raise ConfigError(f"the chat template drops part of a tool conversation ({len(missing)} of the tool name, "
+        raise ConfigError(f"the chat template ({formats.template_family(tokenizer)}) drops part of a tool conversation "
+                          f"({len(missing)} of the tool name, "
                           f"argument key, argument value and tool result are missing from its rendering), so the model "
                           f"would never see its calls or their results. Use a template that renders `tool_calls` and "
                           f"role 'tool' messages (e.g. a Hermes / Qwen-style template).")
+
+
+def _check_suffix(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None, end_ids: set[int]) -> None:
+    messages = _exchange(_NAME, {_KEY: _VALUE}) + [{"role": "tool", "name": _NAME, "content": _CONTENT}]
     try:
-        suffix = tool_suffix_ids(tokenizer, messages[2:], {tokenizer.eos_token_id}, chat_template_kwargs)
+        suffix = tool_suffix_ids(tokenizer, messages[2:], end_ids, chat_template_kwargs)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if _CONTENT not in tokenizer.decode(suffix):
         raise ConfigError("the chat template's tokens after the assistant's turn do not hold the tool result (the "
-                          "turn does not end where the tokenizer's eos token says), so results cannot be appended as "
-                          "tokens; use a template that ends every message with the eos token.")
+                          "turn does not end where its end-of-turn token says), so results cannot be appended as "
+                          "tokens; use a template that ends every message with an end-of-turn token.")
+
+
+def call_turn_end(tokenizer: Any, stop_ids: set[int], chat_template_kwargs: dict[str, Any] | None = None) -> int:
+    """The id that ends an assistant turn making tool calls, read from the chat template (the added token its
+    rendering of such a turn ends with: `<|im_end|>`, `<|eot_id|>`, GPT-OSS's `<|call|>`, ...). It must be one of
+    `stop_ids`, the ids generation stops at, or the sampled turn could never end where the template ends it."""
+    turn = formats.rendered_call_turn(tokenizer, chat_template_kwargs).rstrip()
+    added = {text: index for text, index in tokenizer.get_added_vocab().items() if turn.endswith(text)}
+    if not added:
+        raise ConfigError(f"the chat template ({formats.template_family(tokenizer)}) ends an assistant turn that makes tool "
+                          f"calls with {turn[-40:]!r}, not with a token of its own, so the turn's end cannot be told "
+                          f"from its text; tool results can be appended as tokens only after an end-of-turn token.")
+    text, index = max(added.items(), key=lambda item: len(item[0]))
+    if index not in stop_ids:
+        names = sorted(tokenizer.convert_ids_to_tokens(sorted(stop_ids)))
+        raise ConfigError(f"the chat template ({formats.template_family(tokenizer)}) ends an assistant turn that makes tool "
+                          f"calls with {text!r} (id {index}), and generation does not stop there (it stops at "
+                          f"{names}), so a turn would run past its calls. To stop there, "
+                          f"add it to RLOOConfig(stop_token_ids=[{index}]).")
+    return index

@@ -1,7 +1,7 @@
 """What one weight sync costs under LoRA, merged push against adapters alone (vllm_lora_sync), on vLLM's CPU engine.
 
     V=$(ls -d ~/.cache/rloo/vllm-venv-*)   # built by scripts/test_vllm.sh
-    PYTHONPATH=src VLLM_CPU_KVCACHE_SPACE=1 $V/bin/python benchmarks/lora_sync.py \\
+    PYTHONPATH=src VLLM_CPU_KVCACHE_SPACE=1 $V/bin/python benchmarks/speed/lora_sync.py \\
         --models tiny smollm2 --ranks 16 64 --json benchmarks/results/lora_sync.json
 
 For each model and rank, a child process of its own (one colocated engine per process) wraps the model in LoRA
@@ -63,7 +63,7 @@ def run_one(opts: argparse.Namespace) -> dict:
     from rloo import RLOOConfig
     from rloo.generation.vllm import VLLMSampler
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "generation"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "generation"))
     from test_vllm_lora import gap, optimizer_step
 
     folder = tempfile.mkdtemp(prefix="rloo-lora-sync-")
