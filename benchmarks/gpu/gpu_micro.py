@@ -17,8 +17,10 @@ bf16 autocast, each piece is timed with CUDA events (median of its repeats after
                    the policy (fp32 weights under autocast) against the reference (bf16 weights)
   decode           one 256-row decode step at 384 cached tokens: eager with the fp32 model under autocast (keys
                    cached in fp32: Qwen3's k-norm), eager on the bf16 copy, static, and graphed; KV-cache bytes
-  profile          torch.profiler's top kernels by device time over one decoder micro-batch forward + backward and
-                   one graphed decode step (profile_*.txt)
+  profile          torch.profiler's top kernels by device time over one decoder micro-batch forward + backward
+                   (profile_training_micro_batch.txt)
+  compile          the decoder micro-batch with each decoder layer compiled (regional torch.compile, item 5's
+                   candidate), its compile time apart (CUDA only; last, so a short budget drops it first)
 
 Writes OUTDIR/gpu_micro.json (rewritten after every piece) and OUTDIR/gpu_micro.md. Each piece is guarded (an error
 is recorded, the rest runs) and skipped once the budget (--budget-s, 230 s on the GPU) is spent.
@@ -135,6 +137,34 @@ def micro_batch(config: dict, sizes: dict, device: str, seed: int = 0) -> dict:
     return rows
 
 
+def training_step(network: torch.nn.Module, rows: dict, device: str) -> Callable[[], None]:
+    """One micro-batch forward + backward through `completion_logprobs` (the training pass's unit)."""
+    def run():
+        with autocast(device):
+            logps, _ = gpu_check.whole_rows(network, rows, 0.7)
+        (logps * rows["completion_mask"]).sum().backward()
+        network.zero_grad(set_to_none=True)
+    return run
+
+
+def compile_piece(device: str, config: dict, sizes: dict, model: torch.nn.Module) -> dict:
+    """Item 5's candidate, measured before it is built: each decoder layer compiled (`nn.Module.compile`, regional:
+    the 28 identical layers share one compiled graph), lean_activations off; the compile time apart from the speed.
+    CUDA only (on CPU inductor needs a C++ toolchain and minutes)."""
+    if device != "cuda":
+        return {"note": "CUDA only"}
+    rows = micro_batch(config, sizes, device)
+    network = copy.deepcopy(model)
+    for layer in network.get_decoder().layers:
+        layer.compile(dynamic=False)
+    began = time.perf_counter()
+    training_step(network, rows, device)()
+    gpu_check.synchronize(device)
+    compile_seconds = time.perf_counter() - began
+    return {"compile_seconds": compile_seconds,
+            "lean_off_compiled_layers": clock(device, training_step(network, rows, device), sizes["repeats"], 1)}
+
+
 def decoder_piece(device: str, config: dict, sizes: dict, model: torch.nn.Module) -> dict:
     from rloo.passes.lean_activations import lean_activations
 
@@ -143,17 +173,9 @@ def decoder_piece(device: str, config: dict, sizes: dict, model: torch.nn.Module
     lean = copy.deepcopy(model)
     lean_activations(lean)
 
-    def train(network):
-        def run():
-            with autocast(device):
-                logps, _ = gpu_check.whole_rows(network, rows, 0.7)
-            (logps * rows["completion_mask"]).sum().backward()
-            network.zero_grad(set_to_none=True)
-        return run
-
-    results = {"lean_on": clock(device, train(lean), sizes["repeats"], sizes["warmups"])}
+    results = {"lean_on": clock(device, training_step(lean, rows, device), sizes["repeats"], sizes["warmups"])}
     del lean
-    results["lean_off"] = clock(device, train(plain), sizes["repeats"], sizes["warmups"])
+    results["lean_off"] = clock(device, training_step(plain, rows, device), sizes["repeats"], sizes["warmups"])
     results["tokens"] = int(rows["completion_ids"].numel() + rows["prompt_ids"].numel())
     return results
 
@@ -305,7 +327,8 @@ def main(argv: list[str] | None = None) -> dict:
               "decoder": lambda: decoder_piece(device, config, sizes, model),
               "no_grad": lambda: no_grad_piece(device, config, sizes, model),
               "decode": lambda: decode_piece(device, config, sizes, model),
-              "profile": lambda: profile_piece(device, config, sizes, model, out_dir)}
+              "profile": lambda: profile_piece(device, config, sizes, model, out_dir),
+              "compile": lambda: compile_piece(device, config, sizes, model)}  # last: the budget drops it first
     for name, function in pieces.items():
         if wanted is not None and name not in wanted:
             continue

@@ -17,7 +17,7 @@ def test_dry_run_times_every_piece(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads((tmp_path / "gpu_micro.json").read_text())
     pieces = data["pieces"]
-    assert set(pieces) == {"head", "decoder", "no_grad", "decode", "profile"}
+    assert set(pieces) == {"head", "decoder", "no_grad", "decode", "profile", "compile"}
     for name, entry in pieces.items():
         assert entry["status"] == "ok", (name, entry.get("traceback"))
     variants = {"head": ["before_46", "new", "new_old_tiles", "reference_before_46", "reference_new_bf16_weight"],

@@ -1,8 +1,9 @@
-"""Every fault of benchmarks/runs/faults.py, injected into a real tiny `rloo train` run (issue #48): the run ends within
+"""Every fault of benchmarks/runs/faults.py, injected into a real tiny `rloo train` run (issue #48): the run ends in
 its deadline, with its exit status and message, no complete checkpoint damaged, the resumable ones resuming to the
 unfaulted run's weights bit for bit, and no process of its tree left behind (found by /proc, from outside).
 
-Each run is a subprocess of 10-30 s (a stalled rank: ddp_timeout plus torchrun's grace, about 80 s). The storage faults need root (a tmpfs as
+Each run is a subprocess of 10-30 s (a stalled rank: ddp_timeout plus torchrun's grace, about 80 s). The storage
+faults need root (a tmpfs as
 output_dir) and are skipped without it; tests/faults/test_disk_full.py covers the full disk in-process."""
 
 import os

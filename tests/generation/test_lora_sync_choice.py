@@ -103,3 +103,17 @@ def test_a_rollout_sampled_by_another_adapter_version_than_its_weights_is_refuse
     with pytest.raises(StaleAdapterError):
         check_sampler_versions(rollout, {3: None}, weights_step=4)  # version 3 is the live policy's (evaluation)
     check_sampler_versions(SimpleNamespace(sampler_version=None), {}, weights_step=4)
+
+
+def test_a_quantised_base_is_never_pushed_merged():
+    from rloo.config import ConfigError
+
+    quantised = policy()
+    quantised.get_base_model().is_loaded_in_4bit = True
+    assert choose_lora_sync(quantised, ARGS) == "adapters"
+    with pytest.raises(ConfigError, match="vllm_lora_sync='adapters'"):
+        choose_lora_sync(quantised, SimpleNamespace(vllm_lora_sync="merged"))
+    dora = policy(use_dora=True)
+    dora.get_base_model().is_loaded_in_4bit = True
+    with pytest.raises(ConfigError, match="DoRA"):
+        choose_lora_sync(dora, ARGS)

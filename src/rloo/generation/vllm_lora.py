@@ -24,6 +24,9 @@ from typing import Any
 
 import torch
 
+from rloo.config import ConfigError
+from rloo.model_loading import is_quantized
+
 logger = logging.getLogger(__name__)
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.32 accepts
 
@@ -91,11 +94,14 @@ def choose_lora_sync(model: torch.nn.Module, args: Any) -> str | None:
     if not is_lora_model(model):
         return None
     wanted = getattr(args, "vllm_lora_sync", "merged")
-    if wanted == "adapters":
-        reason = adapter_fallback_reason(model)
-        if reason is not None:
-            logger.warning("vllm_lora_sync='adapters' falls back to the merged push: %s", reason)
-            return "merged"
+    reason = adapter_fallback_reason(model) if wanted == "adapters" else None
+    if (wanted == "merged" or reason) and is_quantized(model.get_base_model()):
+        raise ConfigError(f"the policy's base is quantised (4-bit / 8-bit), and its packed weights cannot be pushed "
+                          f"to vLLM merged; use vllm_lora_sync='adapters' with an adapter vLLM serves"
+                          f"{f' (this one: {reason})' if reason else ''}.")
+    if reason is not None:
+        logger.warning("vllm_lora_sync='adapters' falls back to the merged push: %s", reason)
+        return "merged"
     return wanted
 
 

@@ -21,13 +21,13 @@ import inspect
 import logging
 import math
 import numbers
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
 from rloo.event_loop import EventLoop
+from rloo.rewards.deadline import RewardError, RewardTimeout, call_with_deadline, none_for_all, scored_alone, timeout_error
 from rloo.safe_text import visible
 
 RewardFunc = Callable[..., Sequence[float | None]]
@@ -39,14 +39,6 @@ OPT_IN_ARGUMENTS = ("trainer_state", "log_extra", "log_metric")
 
 
 logger = logging.getLogger(__name__)
-
-
-class RewardError(RuntimeError):
-    """A reward function was misconfigured or returned something unusable."""
-
-
-class RewardTimeout(RewardError):
-    """A reward function did not return within reward_timeout seconds."""
 
 
 @dataclass
@@ -257,15 +249,15 @@ def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, A
     pending: dict[int, Any] = {}
     for index, fn in enumerate(reward_functions):
         try:
-            result = _bounded(fn, arguments, step, timeout)
+            result = call_with_deadline(fn, arguments, step, timeout)
         except RewardTimeout as error:  # calling it again (sample by sample) would hang again
             if errors is None:
                 raise
-            result = _none_for_all(fn, arguments, step, error, errors)
+            result = none_for_all(fn, arguments, step, error, errors)
         except Exception as error:
             if errors is None:
                 raise _raised_error(fn, arguments, step, error, timeout) from error
-            result = _scored_alone(fn, arguments, step, error, errors, timeout)
+            result = scored_alone(fn, arguments, step, error, errors, timeout)
         if inspect.isawaitable(result):
             pending[index] = result
         else:
@@ -274,81 +266,15 @@ def _call_all(reward_functions: Sequence[RewardFunction], arguments: dict[str, A
         results = _run_coroutines(list(pending.values()), event_loop)
         for (index, fn), result in zip(((i, reward_functions[i]) for i in pending), results):
             if timeout is not None and isinstance(result, asyncio.TimeoutError):  # asyncio.wait_for's
-                result = _timeout_error(fn, arguments, step, timeout)
+                result = timeout_error(fn, arguments, step, timeout)
                 if errors is None:
                     raise result
             if isinstance(result, BaseException):
                 if errors is None:
                     raise _raised_error(fn, arguments, step, result) from result
-                result = _none_for_all(fn, arguments, step, result, errors)
+                result = none_for_all(fn, arguments, step, result, errors)
             outputs[index] = result
     return outputs
-
-
-def _bounded(fn: RewardFunction, arguments: dict[str, Any], step: int, timeout: float | None) -> Any:
-    """fn(arguments), abandoned after `timeout` seconds (None: waited for). A plain function runs on a daemon
-    thread (Python cannot stop a thread; it finishes in the background and cannot keep the process alive);
-    an async one's coroutine is wrapped in asyncio.wait_for. Raises RewardTimeout (a plain function)."""
-    if timeout is None:
-        return fn(arguments)
-    if fn.is_async:
-        return asyncio.wait_for(fn(arguments), timeout)
-    box: dict[str, Any] = {}
-
-    def call() -> None:
-        try:
-            box["value"] = fn(arguments)
-        except BaseException as error:  # handed to the caller's thread below
-            box["error"] = error
-
-    thread = threading.Thread(target=call, name=f"reward {fn.name}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise _timeout_error(fn, arguments, step, timeout)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _timeout_error(fn: RewardFunction, arguments: dict[str, Any], step: int, timeout: float | None) -> RewardTimeout:
-    return RewardTimeout(
-        f"reward function `{visible(fn.name)}` did not return within reward_timeout={timeout:g} s at step {step}, on "
-        f"the batch of {len(arguments.get('completions', []))} completions; it was abandoned. Raise reward_timeout "
-        f"for a slow reward, or set reward_error_policy='none' to score such a batch None and go on.")
-
-
-def _scored_alone(fn: RewardFunction, arguments: dict[str, Any], step: int, error: BaseException,
-                  errors: dict[str, int], timeout: float | None = None) -> list[Any]:
-    """A function that raised on the batch, called on each completion alone: None where it raises again."""
-    num_completions = len(arguments.get("completions", []))
-    values: list[Any] = []
-    raised = 0
-    for index in range(num_completions):
-        single = {k: v[index : index + 1] if isinstance(v, list) and len(v) == num_completions else v
-                  for k, v in arguments.items()}
-        try:
-            value = _bounded(fn, single, step, timeout)
-        except Exception:
-            raised += 1
-            values.append(None)
-            continue
-        values.append(value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value)
-    errors[fn.name] = raised
-    logger.warning("reward function `%s` raised %s: %s at step %d; the %d of %d completions it raises on are scored "
-                   "None (reward_error_policy='none').", visible(fn.name), type(error).__name__, visible(error), step,
-                   errors[fn.name], num_completions)
-    return values
-
-
-def _none_for_all(fn: RewardFunction, arguments: dict[str, Any], step: int, error: BaseException,
-                  errors: dict[str, int]) -> list[Any]:
-    """An async function that raised: every completion of the batch is scored None by it."""
-    num_completions = len(arguments.get("completions", []))
-    errors[fn.name] = num_completions
-    logger.warning("reward function `%s` raised %s: %s at step %d; its %d completions are scored None "
-                   "(reward_error_policy='none').", visible(fn.name), type(error).__name__, visible(error), step, num_completions)
-    return [None] * num_completions
 
 
 def _run_coroutines(awaitables: list[Any], event_loop: EventLoop | None = None) -> list[Any]:
@@ -422,7 +348,7 @@ def _first_failing_sample(fn: RewardFunction, arguments: dict[str, Any], step: i
         single = {k: v[index : index + 1] if isinstance(v, list) and len(v) == num_completions else v
                   for k, v in arguments.items()}
         try:
-            _bounded(fn, single, step, timeout)
+            call_with_deadline(fn, single, step, timeout)
         except Exception:
             return index
     return None

@@ -40,6 +40,7 @@ from rloo.config import ConfigError, RLOOConfig
 from rloo.distributed.sharding import any_process, full_state_dict, local_tensor, sharding_of
 from rloo.model_loading import saved_names
 from rloo.run.random_states import random_state_problem
+from rloo.run.storage import CheckpointError, write_errors_named
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +56,6 @@ OPTIMIZER_FIELDS = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2",
 ALGORITHM_FIELDS = ("num_generations", "advantage_estimator")
 # The run's length: a different value on resume rebuilds the learning-rate schedule (warned).
 LENGTH_FIELDS = ("max_steps", "total_episodes", "num_train_epochs")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used: missing, incomplete, damaged, or written by an incompatible run."""
 
 
 # ------------------------------------------------------------------ saving
@@ -110,39 +107,8 @@ def save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer:
     """Write `checkpoint-<global_step>` atomically and rotate this run's old checkpoints; returns its path.
     A write failure (a full disk, a folder made read-only) is a CheckpointError naming output_dir."""
     check_finite_weights(accelerator.unwrap_model(model), global_step, accelerator)
-    try:
+    with write_errors_named(args.output_dir, global_step):
         return _save_checkpoint(accelerator, model, tokenizer, args, global_step, rollout_index, episode, run_id)
-    except (OSError, RuntimeError) as error:
-        if not isinstance(error, OSError):
-            if not _is_torch_write_error(error):
-                raise
-            error = _storage_error(Path(args.output_dir)) or error  # torch.save hides the OSError: find it again
-        raise CheckpointError(f"could not write checkpoint-{global_step} into output_dir={args.output_dir!r}: {error}. "
-                              f"Free disk space or fix the folder's permissions (or choose another output_dir); "
-                              f"the previous checkpoint is intact, so resuming from 'latest' works.") from error
-
-
-def _is_torch_write_error(error: RuntimeError) -> bool:
-    """torch.save's zip writer reports a failed write (a full disk) as a RuntimeError without the errno."""
-    return any(marker in str(error) for marker in ("inline_container", "PytorchStreamWriter", "unexpected pos"))
-
-
-def _storage_error(output_dir: Path) -> OSError | None:
-    """The OSError (errno and path) a small synced write into output_dir raises now, or None if it succeeds."""
-    probe = output_dir / ".rloo-write-probe"
-    try:
-        with open(probe, "wb") as handle:
-            handle.write(b"\0" * 2**20)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError as error:
-        return OSError(error.errno, error.strerror, str(output_dir))
-    finally:
-        try:
-            probe.unlink(missing_ok=True)
-        except OSError:
-            pass  # a read-only folder: nothing was written
-    return None
 
 
 def _save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,
