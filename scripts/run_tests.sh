@@ -18,6 +18,6 @@ if [ ! -f "$tokenizers/llama_cpp_python-0.3.36.tar.gz" ]; then
     python -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$tokenizers"
 fi
 python -m ruff check src tests benchmarks
-python -m pytest -q
+python -m pytest -q -m "not harness"  # the fault harness (~15 min) runs apart: python -m pytest tests/faults -m harness
 bash scripts/test_vllm.sh
 bash scripts/test_lower_bounds.sh

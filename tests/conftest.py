@@ -106,3 +106,6 @@ def pytest_configure(config):
     # Run by default (the README's command runs them); `-m "not slow"` leaves them out for a quick pass.
     config.addinivalue_line("markers", "slow: runs for tens of seconds or more (the sandbox's location and layer "
                                        "matrices); deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "harness: every fault of benchmarks/runs/faults.py injected into a real run "
+                                       "(tests/faults/test_faults.py, ~15 min); the README's test command leaves it "
+                                       "out (-m 'not harness'), `python -m pytest tests/faults -m harness` runs it")

@@ -1001,7 +1001,7 @@ def run_sections(plan: Plan, results: Results, budget: Budget, wanted: set[str] 
     # In this order: TRL's own speed switches before its defaults, so that a short budget drops the defaults first.
     systems = {"speed_rloo_512": "rloo", "speed_trl_ours_512": "trl_ours", "speed_trl_cb_512": "trl_cb",
                "speed_trl_liger_512": "trl_liger", "speed_trl_defaults_512": "trl_defaults",
-               "speed_rloo_4096": "rloo", "speed_rloo_lean_off_512": "rloo_lean_off", "speed_rloo_16384": "rloo"}
+               "speed_rloo_16384": "rloo", "speed_rloo_4096": "rloo", "speed_rloo_lean_off_512": "rloo_lean_off"}
     if wanted is not None and not wanted & set(systems):
         return
     tokenizer = word_tokenizer(plan.model)
@@ -1011,7 +1011,8 @@ def run_sections(plan: Plan, results: Results, budget: Budget, wanted: set[str] 
             if system.startswith("trl") and importlib.util.find_spec("trl") is None:
                 results.record(name, {"status": "skipped", "reason": "trl is not installed"})
                 continue
-            if system == "trl_liger" and importlib.util.find_spec("liger_kernel") is None:
+            if system == "trl_liger" and (wanted is None or name in wanted) and importlib.util.find_spec(
+                    "liger_kernel") is None:
                 results.record(name, {"status": "skipped", "reason": "liger_kernel is not installed"})
                 continue
             if name == "speed_rloo_16384" and (wanted is None or name not in wanted):

@@ -374,5 +374,6 @@ def build_multi_turn(args: RLOOConfig, tokenizer: Any, sampler: Any, tools: Sequ
     return MultiTurnRollout(tokenizer, args.max_completion_length, args.max_prompt_length, args.chat_template_kwargs,
                             end_ids, tools=list(tools or []), environment_factories=factories, rollout_func=rollout_func,
                             max_tool_calling_iterations=args.max_tool_calling_iterations,
-                            tool_call_timeout=args.tool_call_timeout, trainer=trainer, event_loop=event_loop)
+                            tool_call_timeout=args.tool_call_timeout, truncate_prompts=args.truncate_prompts,
+                            trainer=trainer, event_loop=event_loop)
 

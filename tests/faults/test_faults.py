@@ -18,7 +18,9 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "runs"))
 import faults  # noqa: E402  (benchmarks/runs/faults.py)
 
 FAULTS = {fault.name: fault for fault in faults.faults()}
-pytestmark = pytest.mark.slow  # 26 runs of 10-80 s each; -m "not slow" leaves them out
+# 26 runs of 10-80 s each (about 15 minutes on 2 cores): the harness tier, left out of the README's test command
+# (scripts/run_tests.sh runs -m "not harness"); each guard also has a quick test of its own in tests/faults/.
+pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
 
 @pytest.fixture(scope="module")

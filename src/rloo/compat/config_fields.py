@@ -387,12 +387,11 @@ def _refuse_v0(name: str, instead: str) -> dict:
     raise TRLFieldError(f"`{name}` is a TRL v0 switch; use {instead} instead.")
 
 
-def _check_one(name: str, value: Any) -> None:
-    answer = TRL_FIELDS[name]
+def _check_one(name: str, value: Any, answer: Answer, source: str = "") -> None:
     if _equal(value, answer.default) or (answer.ok is not None and answer.ok(value)):
         return
     instead = f" Instead: {answer.instead}." if answer.instead else ""
-    raise TRLFieldError(f"`{name}={value!r}`: {answer.why}.{instead}")
+    raise TRLFieldError(f"`{name}={value!r}`{source}: {answer.why}.{instead}")
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -402,26 +401,29 @@ def _equal(a: Any, b: Any) -> bool:
         return False
 
 
-def translate(values: dict[str, Any], own_fields: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def translate(values: dict[str, Any], own_fields: set[str],
+              grpo_fields: dict[str, Answer] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split keyword arguments into our fields and the other TRL names given, applying every mapping.
+    `grpo_fields` (compat.grpo_fields) answers TRL GRPOConfig's own fields; its refusals say they are GRPO's.
 
     Returns (our field values, the TRL-only values given, readable as `config.<name>`). Raises TRLFieldError
     for a refused value, an unknown name, or a mapping that clashes with a value given directly.
     """
+    grpo_fields = grpo_fields or {}
     # Our fields as given, but those in TRL_FIELDS: their mapping (below) says what they become.
     ours = {k: v for k, v in values.items() if k in own_fields and k not in TRL_FIELDS}
     kept: dict[str, Any] = {}
     for name, value in values.items():
-        answer = TRL_FIELDS.get(name)
+        answer = TRL_FIELDS.get(name) or grpo_fields.get(name)
         if answer is None:
             if name in own_fields:
                 continue
-            close = difflib.get_close_matches(name, sorted(own_fields | set(TRL_FIELDS)), n=1)
+            close = difflib.get_close_matches(name, sorted(own_fields | set(TRL_FIELDS) | set(grpo_fields)), n=1)
             hint = f" Did you mean `{close[0]}`?" if close else ""
-            raise TRLFieldError(f"`{name}` is not a field of rloo's RLOOConfig nor of TRL's.{hint} "
+            raise TRLFieldError(f"`{name}` is not a field of rloo's RLOOConfig nor of TRL's (RLOOConfig or GRPOConfig).{hint} "
                                 f"docs/trl_migration.md lists every field.")
         if answer.kind != "mapped":
-            _check_one(name, value)
+            _check_one(name, value, answer, " is a field of TRL's GRPOConfig" if name in grpo_fields else "")
             kept[name] = value
             continue
         for field, new in answer.to(value, values).items():

@@ -15,6 +15,7 @@ from typing import Any
 
 from rloo import config
 from rloo.compat.config_fields import TRL_FIELDS, TRLFieldError, translate
+from rloo.compat.grpo_fields import GRPO_FIELDS, announce_grpo_defaults
 from rloo.config import ALIASES, ConfigError, resolve_aliases
 
 OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(config.RLOOConfig))
@@ -27,10 +28,11 @@ class RLOOConfig(config.RLOOConfig):
         # TRL's TrainingArguments reads an unset accelerator_config back as a default AcceleratorConfig.
         kwargs = {"accelerator_config": None, **kwargs}
         try:
-            ours, trl_only = translate(resolve_aliases(kwargs), set(OWN_FIELDS))
+            ours, trl_only = translate(resolve_aliases(kwargs), set(OWN_FIELDS), GRPO_FIELDS)
         except TRLFieldError as error:
             raise ConfigError(str(error)) from None
         vars(self).update(trl_only)  # read by scripts only (config.push_to_hub...); the core reads fields
+        announce_grpo_defaults(kwargs)  # a ported GRPOConfig: the defaults that differ, said once
         try:
             super().__init__(*args, **ours)
         except ConfigError as error:
@@ -42,7 +44,7 @@ class RLOOConfig(config.RLOOConfig):
 
 # TRL's default of every TRL-only name, readable as `config.<name>` when it was not given; TRL v0's
 # names read their field.
-for _name, _answer in TRL_FIELDS.items():
+for _name, _answer in {**TRL_FIELDS, **GRPO_FIELDS}.items():
     if _name not in OWN_FIELDS:
         setattr(RLOOConfig, _name, _answer.default)
 for _old, _new in ALIASES.items():

@@ -10,7 +10,7 @@ the tokenizer's chat template with `add_generation_prompt=True` (plus `chat_temp
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from rloo.config import ConfigError
 
@@ -104,6 +104,24 @@ def tokenize_prompts(prompts: list, tokenizer: Any, max_length: int | None,
     """
     rendered = _rendered_token_ids(prompts, tokenizer, chat_template_kwargs)
     return rendered if max_length is None else [ids[-max_length:] for ids in rendered]
+
+
+def fit_prompt_lengths(ids: list[list[int]], max_length: int | None, policy: str,
+                       describe: Callable[[int], str]) -> tuple[list[list[int]], int]:
+    """Prompts as the policy sees them at sampling time (tool schemas and an environment's reset text included)
+    held to `max_length`: "error" raises naming the first long row (`describe(index)`), "left" keeps the last
+    `max_length` tokens. Returns (the ids, how many rows were cut), so that the caller can warn; None: no limit."""
+    too_long = [i for i, row in enumerate(ids) if max_length is not None and len(row) > max_length]
+    if not too_long:
+        return ids, 0
+    first = too_long[0]
+    if policy == "error":
+        raise ConfigError(f"{describe(first)} is {len(ids[first])} tokens as the model sees it (with the tool schemas "
+                          f"and the environment's reset() text), more than max_prompt_length={max_length} "
+                          f"({len(too_long)} of {len(ids)} prompts of this batch). Raise max_prompt_length, or leave it "
+                          f"None (no limit), or set truncate_prompts='left' to keep the last {max_length} tokens "
+                          f"(which drops the system message and the tool schemas first).")
+    return [row[-max_length:] for row in ids], len(too_long)
 
 
 def _rendered_token_ids(prompts: list, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> list[list[int]]:

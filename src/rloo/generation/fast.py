@@ -218,9 +218,8 @@ class FastSampler(SamplingSettings):
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
                vision: Any = None, max_new_tokens: int | None = None) -> SampledBatch:
-        """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, as the
-        generate sampler takes them); the prefill runs one row per distinct prompt. `max_new_tokens`: this
-        call's length limit (`Sampler.sample`), else the configured one."""
+        """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion); the prefill runs one
+        row per distinct prompt. `max_new_tokens`: this call's length limit (`Sampler.sample`), else the configured one."""
         if vision is not None:
             refuse_3d_positions(model)  # before any work: models with 3-D positions not verified here
         device = next(model.parameters()).device
@@ -240,8 +239,7 @@ class FastSampler(SamplingSettings):
         return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos, logprobs,
                             logprobs_from_policy=True)
 
-    def rows_per_wave(self, model: torch.nn.Module, prompt_length: int, k: int,
-                      max_new_tokens: int | None = None) -> int | None:
+    def rows_per_wave(self, model: torch.nn.Module, prompt_length: int, k: int, max_new_tokens: int | None = None) -> int | None:
         """Completion rows decoded at once (a multiple of k), or None for all."""
         if self.wave_rows:
             return max(k, self.wave_rows // k * k)
@@ -288,13 +286,11 @@ class FastSampler(SamplingSettings):
         return prefill.logits[:, -1], rope_deltas  # (B, V), (B, 1) or None
 
     def _decode(self, model: torch.nn.Module, prompts: list[list[int]], prompt_ids: torch.Tensor,
-                prompt_mask: torch.Tensor, k: int, vision: Any = None, max_new_tokens: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                prompt_mask: torch.Tensor, k: int, vision: Any, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """N prompts, also as (N, P) left-padded ids -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
         and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
         trainer computes them). The image token, with `vision`, is never drawn."""
         cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
-        max_new_tokens = max_new_tokens or self.max_new_tokens
         head = 0 if vision is not None or len(prompts) < 2 else shared_head_length(prompts)
         if head >= MIN_SHARED_HEAD:
             tails, tail_mask = left_pad([p[head:] for p in prompts], self.pad_token_id, prompt_ids.device)  # (N, S)
@@ -303,8 +299,7 @@ class FastSampler(SamplingSettings):
                 next_logits, attention_mask = self._prefill_shared_head(
                     model, cache, cache_name, torch.tensor(prompts[0][:head], device=prompt_ids.device), tails,
                     tail_mask, k)
-                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None,
-                                         max_new_tokens)
+                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None, max_new_tokens)
         cache = append_in_place_cache(model.config, room=max_new_tokens)
         next_logits, rope_deltas = self._prefill(model, cache, cache_name, prompt_ids, prompt_mask, k, vision)
         suppressed = None if vision is None or vision.image_token_id is None else vision.image_token_id
@@ -329,10 +324,10 @@ class FastSampler(SamplingSettings):
 
     def _decode_from(self, model: torch.nn.Module, cache: Any, cache_name: str, next_logits: torch.Tensor,
                      attention_mask: torch.Tensor, rope_deltas: torch.Tensor | None,
-                     suppressed: int | None, max_new_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     suppressed: int | None, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode loop from a prefilled `cache` of B rows: (B, V) first logits and the (B, T) mask over the
         cache, which grows by one column a step."""
-        device, max_new_tokens = next_logits.device, max_new_tokens or self.max_new_tokens
+        device = next_logits.device
         eos_ids = torch.tensor(self.eos_token_ids, device=device)
         finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=device)  # (B,)
         every = self.eos_check_every or (CUDA_EOS_CHECK_EVERY if device.type == "cuda" else 1)

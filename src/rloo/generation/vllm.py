@@ -365,8 +365,7 @@ class VLLMSampler(SamplingSettings):
     def sample(self, model: torch.nn.Module, prompts: list[list[int]], num_generations: int,
                vision: Any = None, max_new_tokens: int | None = None) -> SampledBatch:
         """`vision`: the rows' image inputs (`data.images.VisionInputs`, one row per completion, groups of K contiguous):
-        each distinct prompt is sent once with its images. `max_new_tokens`: this call's length limit
-        (`Sampler.sample`), else the configured one."""
+        each distinct prompt is sent once with its images. `max_new_tokens`: this call's limit, else the configured one."""
         params = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k > 0 else -1,
                       min_p=self.min_p, max_tokens=max_new_tokens or self.max_new_tokens, stop_token_ids=list(self.eos_token_ids),
                       **self.generation_kwargs)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,12 +34,14 @@ import torch
 
 from rloo.config import ConfigError
 from rloo.data.dataset_rows import PLACEHOLDER_PROMPT
-from rloo.data.prompts import is_conversational, tokenize_prompts
+from rloo.data.prompts import fit_prompt_lengths, is_conversational, tokenize_prompts
 from rloo.generation.base import SampledBatch, left_pad
+from rloo.rewards.scoring import shorten
 from rloo.rollout.rollout_func import extra_field, token_logprobs
 from rloo.tools import environment_tools, prepare_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
 from rloo.tools.parsing import ToolCall
 
+logger = logging.getLogger(__name__)
 ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # TRL's required keys
 
 
@@ -133,6 +136,8 @@ class MultiTurnRollout:
     rollout_func: Callable | None = None
     max_tool_calling_iterations: int | None = None
     tool_call_timeout: float = 30.0
+    truncate_prompts: str = "left"  # over max_prompt_length: "left" keeps the end (warned once), "error" names the row
+    warned_prompt_cut: bool = False  # the truncation warning was given (it is given once)
     trainer: Any = None  # what rollout_func receives as its second argument; the trainer sets itself
     event_loop: Any = None  # the run's `rloo.event_loop.EventLoop` for async tools (None: a loop per round)
     environment_pool: dict[Any, list] = field(default_factory=dict)  # instances reused across batches, per name
@@ -327,9 +332,18 @@ class MultiTurnRollout:
         for name in dict.fromkeys(names):
             rows = [i for i, n in enumerate(names) if n == name]
             kwargs = {**(self.chat_template_kwargs or {}), "tools": self.schemas[name] or None}
-            for i, row_ids in zip(rows, tokenize_prompts([prompts[i] for i in rows], self.tokenizer,
-                                                         self.max_prompt_length, kwargs)):
+            for i, row_ids in zip(rows, tokenize_prompts([prompts[i] for i in rows], self.tokenizer, None, kwargs)):
                 ids[i] = row_ids
+        # The length limit sees the whole prompt: schemas and reset text included (the dataset check could not).
+        ids, cut = fit_prompt_lengths(ids, self.max_prompt_length, self.truncate_prompts, lambda i: (
+            f"the prompt of trajectory {i} ({shorten(prompts[i][-1]['content'], 80)!r}"
+            f"{'' if names[i] is None else f', environment {names[i]!r}'})"))
+        if cut and not self.warned_prompt_cut:
+            self.warned_prompt_cut = True  # once per run: it repeats at every batch with such prompts
+            logger.warning("%d of %d prompts (with their tool schemas and environment text) are longer than "
+                           "max_prompt_length=%d tokens; they are truncated from the left, which drops the system "
+                           "message and the tool schemas first (truncate_prompts='left'; warned once).", cut,
+                           len(ids), self.max_prompt_length)
         return ids
 
     def toolboxes(self, environments: list[Any] | None, count: int) -> list[dict[str, Callable]]:
