@@ -88,11 +88,13 @@ def prepare_gsm8k(local_dir: str | None) -> None:
 
 def prepare_arithmetic() -> None:
     """data/arithmetic: long arithmetic a calculator decides (rloo.assets.arithmetic): train 2,000 problems and
-    test 200 of 1-3 operations, test_hard 200 of 4-5 operations, the same rows on every machine."""
+    test 200 of 1-3 operations; data/arithmetic_hard: test 200 of 4-5 operations (a folder of its own, since a
+    `test_hard.jsonl` beside `test.jsonl` would be read into the test split); the same rows on every machine."""
     from rloo.assets.arithmetic import arithmetic_rows
 
-    for split, count in (("train", 2000), ("test", 200), ("test_hard", 200)):
-        write_jsonl(DATA / "arithmetic" / f"{split}.jsonl", arithmetic_rows(split, count))
+    write_jsonl(DATA / "arithmetic" / "train.jsonl", arithmetic_rows("train", 2000))
+    write_jsonl(DATA / "arithmetic" / "test.jsonl", arithmetic_rows("test", 200))
+    write_jsonl(DATA / "arithmetic_hard" / "test.jsonl", arithmetic_rows("test_hard", 200))
 
 
 def calculations(solution: str) -> int:
