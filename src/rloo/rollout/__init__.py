@@ -57,8 +57,9 @@ class RolloutCollector:
     trainer_state: Any = None  # what reward functions get as `trainer_state`; the trainer sets its TrainerState
     keep_old_logps: bool = False  # keep pi_old even for one step per rollout (async rollouts train off-policy)
     warned_unscored: bool = False  # the "no reward scored anything" warning was given (it is given once)
-    # The run's one loop for async tools and reward functions (rloo.event_loop): made here, so it lives as long as the
-    # trainer's collector and closes with it; the async sampler's copy (dataclasses.replace) shares it.
+    # The run's one loop for async tools and reward functions (rloo.event_loop): the trainer makes it and hands the same
+    # one to the multi-turn stage, so it lives as long as the trainer and closes with it (a collector built alone makes
+    # its own); the async sampler's copy (dataclasses.replace) shares it.
     event_loop: EventLoop | None = None
 
     def __post_init__(self) -> None:
