@@ -355,7 +355,8 @@ class MultiTurnRollout:
         return boxes
 
     def suffix_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return tool_suffix_ids(self.tokenizer, messages, self.end_ids, self.chat_template_kwargs)
+        return tool_suffix_ids(self.tokenizer, messages, self.end_ids, self.chat_template_kwargs,
+                               bool(self.call_format and self.call_format.end_opens_next))
 
     # ------------------------------------------------------------------ rollout_func
 
