@@ -360,7 +360,8 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         if self.args.log_completions:
             rows = completion_rows(samples.prompts, samples.shown(), [fn.name for fn in self.reward_functions],
                                    rollout.reward_columns, rollout.scores.tolist(), rollout.advantages.tolist(),
-                                   self.global_step, self.args.num_completions_to_print, samples.extra)
+                                   self.global_step, self.args.num_completions_to_print, samples.extra,
+                                   samples.turn_records())
             self.logger.log_completions(rows, self.global_step)
         return metrics
 
