@@ -150,3 +150,16 @@ def test_a_single_turn_run_keeps_its_look(tmp_path, capsys):
     page = build_report(tmp_path / "run").read_text(encoding="utf-8")
     assert "<td><pre>it is 3</pre></td>" in page
     assert "<details" not in page and "Evaluation samples" not in page
+
+
+def test_tampered_turn_records_read_as_text():
+    """A completions.jsonl edited by hand: records of the wrong shape, HTML and escapes in them, never raise and never
+    reach the page as markup."""
+    from rloo.run.report_samples import completions_html
+
+    turns = ["<b>x</b>", {"turn": [1], "role": "tool", "tool_call": "\x1b[2J", "tool_result": {"error": 1}},
+             {"turn": 2, "role": "assistant", "text": "<script>"}, {"turn": 2, "role": "tool", "tool_call": {"error": "bad"}}]
+    page = completions_html([{"step": 1, "prompt": "p", "completion": "c", "turns": turns}])
+    assert "<b>x</b>" not in page and "<script>" not in page and "\x1b" not in page
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "call \u25b8 malformed: bad" in page
+    assert "no result (the trajectory ended with this call)" in page and page.count("<details") == 3

@@ -3,7 +3,7 @@
 
 A single completion is a `<pre>` cell. A multi-turn trajectory (a row with `turns`, `rollout.turns.TurnRecord`s as
 JSON) is a list of collapsible turns, `<details>`/`<summary>` and no script: each summary names the turn, its
-calls and failed calls, and the start of the model's text; opened, the turn shows the model's text, each tool call
+calls and failed calls, and the start of the model's text (on one line); opened, the turn shows the model's text, each tool call
 (`call ▸ add(a=2, b=3)`) and what the tool returned (`result → 5`, or `error → ...` for a failed call), each marked
 and styled apart, so that a tool's words never read as the model's. The last turn starts open.
 
@@ -87,7 +87,7 @@ def turns_html(turns: list[Any]) -> str:
     for index, (turn, records) in enumerate(by_turn.items()):
         calls = [r for r in records if r.get("role") == "tool"]
         failed = sum(isinstance(r.get("tool_result"), dict) and bool(r["tool_result"].get("error")) for r in calls)
-        text = " ".join(str(r.get("text", "")) for r in records if r.get("role") != "tool").strip()
+        text = " ".join(" ".join(str(r.get("text", "")).split()) for r in records if r.get("role") != "tool").strip()
         what = f"{len(calls)} tool call{'' if len(calls) == 1 else 's'}" + (f", {failed} failed" if failed else "")
         preview = text if len(text) <= 80 else text[:79] + "\u2026"
         summary = f"turn {turn} \u00b7 {what if calls else 'answer'}" + (f" \u00b7 {preview}" if preview else "")
