@@ -18,8 +18,10 @@ from datasets import Dataset
 
 from conftest import gpt2_model
 from rloo import RLOOConfig, RLOOTrainer
+from rloo.generation import fast
 from rloo.generation.fast import FastSampler
 from rloo.generation.kept_turns import packing_index
+from rloo.generation.static_decode import make_step
 from rloo.toy import build_tiny_model
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "rollout"))
@@ -85,9 +87,10 @@ def _models(tokenizer):
     return {"llama (rotary)": llama, "gpt2 (absolute positions)": gpt2}
 
 
-def _rollout(tmp_path, model, tokenizer, keep_turn_cache, do_sample, stop_strings):
+def _rollout(tmp_path, model, tokenizer, keep_turn_cache, do_sample, stop_strings, **options):
     """The trajectories of 3 prompts x K=2 and the forward calls' input widths, with a fixed seed."""
-    sampler = ScriptedTurns(tokenizer, max_new_tokens=64, do_sample=do_sample, keep_turn_cache=keep_turn_cache)
+    sampler = ScriptedTurns(tokenizer, max_new_tokens=64, do_sample=do_sample, keep_turn_cache=keep_turn_cache,
+                            **options)
     config = RLOOConfig(output_dir=str(tmp_path / f"run{keep_turn_cache}"), per_device_train_batch_size=6,
                         num_generations=2, max_completion_length=400, beta=0.0, max_steps=1, save_steps=0, seed=0,
                         overwrite_output_dir=True, stop_strings=stop_strings, report_to=[])
@@ -130,6 +133,25 @@ def test_kept_cache_gives_the_re_prefill_path_s_tokens_and_logprobs(tmp_path, na
     # (+1: the end token a stop string cut from the call turn; the tool message's tokens start with it)
     assert len(kept_prefills) == 5 and max(kept_prefills[2:]) <= tool_message + 1
     assert sum(again_prefills[2:]) > 3 * kept.prompt_ids.shape[1]  # the re-prefill path: each trajectory again
+
+
+def test_kept_cache_after_the_static_decode_step(tmp_path, monkeypatch):
+    """The static step (CUDA's, here on CPU) replaces the cache's layers and decodes past the rows' ends between
+    its checks (eos_check_every=4): the kept cache reads its buffers and drops the columns fed after each end."""
+    tokenizer = tool_tokenizer()
+    model = build_tiny_model(tokenizer, seed=1, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                             intermediate_size=64, max_position_embeddings=2048)  # Qwen2: takes the static step
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(4.0)
+    made = []
+    monkeypatch.setattr(fast, "make_step", lambda *args, **kwargs: made.append(1) or make_step(*args, **kwargs))
+    _, kept, _, _ = _rollout(tmp_path, model, tokenizer, True, False, None, decode_step="static", eos_check_every=4)
+    assert len(made) == 4  # every turn ran the static step
+    monkeypatch.undo()
+    _, again, _, _ = _rollout(tmp_path, model, tokenizer, False, False, None)
+    for field in ("completion_ids", "completion_mask", "tool_mask", "has_eos"):
+        assert torch.equal(getattr(kept, field), getattr(again, field)), field
+    torch.testing.assert_close(kept.logprobs, again.logprobs, atol=2e-5, rtol=0)
 
 
 def test_packing_index_right_aligns_each_row_s_kept_columns():
