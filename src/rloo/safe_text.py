@@ -12,7 +12,7 @@ surrogates (from a JSON file) that no terminal encoding accepts. Shown raw, such
   codes in a `Text`, so the cell shows exactly the characters.
 - `display(value)`: how a value reads: a chat prompt as its turns (`user: ...` lines; a multi-turn
   trajectory's tool calls as `call ▸ add {...}` and tool results as `tool ▸ add → 5`), a trajectory's turn
-  records (`rollout.turns`, as JSON) turn by turn (`trajectory_text`), a float to 4 significant digits,
+  records (`rollout.turn_records`, as JSON) turn by turn (`trajectory_text`), a float to 4 significant digits,
   anything else as `str`.
 - `html_text(value)`: `display`, `visible`, then `html.escape`: for `rloo report`.
 - `tracker_text(value)`: the raw text, only with lone surrogates escaped so that every tracker can
@@ -115,7 +115,7 @@ def result_text(result: Any) -> str:
 
 
 def trajectory_text(turns: list[Any]) -> str:
-    """A trajectory's turn records (`rollout.turns.TurnRecord.as_json`) turn by turn: `turn k assistant: text`, then
+    """A trajectory's turn records (`rollout.turn_records.TurnRecord.as_json`) turn by turn: `turn k assistant: text`, then
     each call of that turn as `  call ▸ add(a=2, b=3)` and its result as `  result → 5` (a failed call's as
     `  error → ...`), so that the model's words, its calls and what the tools returned never read as one another."""
     lines = []

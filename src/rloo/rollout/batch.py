@@ -114,7 +114,7 @@ class Samples:
     extra: dict[str, list] = field(default_factory=dict)  # columns reward functions added with log_extra
     metrics: dict[str, float] = field(default_factory=dict)  # means of what they logged with log_metric
     messages: list | None = None  # (B,) multi-turn: each trajectory's messages (None for a rollout_func row); else None
-    turns: list | None = None  # (B,) multi-turn: each trajectory's `turns.TurnRecord`s (None for a rollout_func row)
+    turns: list | None = None  # (B,) multi-turn: each trajectory's `turn_records.TurnRecord`s (None: rollout_func row)
     images: list | None = None  # (B,) log_multimodal: each completion's prompt images, a list (TRL's _logs["images"])
 
     def shown(self) -> list:

@@ -1,65 +1,75 @@
-"""A multi-turn trajectory as records, turn by turn: what the completions table, completions.jsonl,
-eval_samples.jsonl and `rloo report` show of it.
+"""How a multi-turn rollout samples its turns (`multi_turn.MultiTurnRollout`): a `TurnSampler`.
 
-The multi-turn stage (`multi_turn.MultiTurnRollout`) writes the records as it samples and runs tools, so
-nothing shown is parsed back from text: turn k is one `TurnRecord` of role "assistant" (the model's text
-outside its calls), then one of role "tool" per call it made, in order, holding the call and what the
-tool returned (`error` true when the call failed: unknown tool, malformed call, an exception, a timeout).
-A call whose result is None has none in the trajectory: the trajectory ended with it (`max_tool_calling_iterations`
-rounds had run, or the result would not fit the completion budget). On disk a record is `TurnRecord.as_json()`:
-`{"turn": 1, "role": "tool", "text": "", "tool_call": {"name": "add", "arguments": {"a": 2, "b": 3}, "error": null},
-"tool_result": {"content": "5", "error": false}}`.
+    start(prompt_ids, k)                       turn 1: K completions of each prompt (row p*K + k)
+    resume(rows, sequences, max_new_tokens)    the next turn of trajectories `rows` (turn 1's row numbers), one
+                                               completion of each one's whole token list so far
+
+`ReprefillTurns` works with any sampler: each later turn samples the whole trajectory again as a new prompt. A
+sampler with `turn_session()` (the fast sampler: `generation.kept_turns.KeptCacheTurns`) keeps each
+trajectory's KV cache across its tool calls instead, and runs only the tokens added since; the collector runs it
+as it runs `sample` (`RolloutCollector.on_policy`: full weights when sharded, autocast, stop strings).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Protocol
+
+from rloo.generation.base import SampledBatch
+
+
+class TurnSampler(Protocol):
+    def start(self, prompt_ids: list[list[int]], num_generations: int) -> SampledBatch:
+        ...
+
+    def resume(self, rows: list[int], sequences: list[list[int]], max_new_tokens: int | None) -> SampledBatch:
+        ...
 
 
 @dataclass
-class ToolCallRecord:
-    """One call the model wrote: the tool's name and arguments, or why it cannot run (`error`, a malformed call)."""
+class ReprefillTurns:
+    """Every turn through the `SamplePolicy`: a later turn's prompt is the trajectory so far."""
 
-    name: str
-    arguments: dict[str, Any]
-    error: str | None = None
+    sample_policy: Callable[..., SampledBatch]
 
+    def start(self, prompt_ids: list[list[int]], num_generations: int) -> SampledBatch:
+        return self.sample_policy(prompt_ids, num_generations)
 
-@dataclass
-class ToolResultRecord:
-    """What the tool message held, and whether the call failed (then `content` is `{"error": "..."}`)."""
-
-    content: str
-    error: bool = False
+    def resume(self, rows: list[int], sequences: list[list[int]], max_new_tokens: int | None) -> SampledBatch:
+        return self.sample_policy(sequences, 1, max_new_tokens=max_new_tokens)
 
 
 @dataclass
-class TurnRecord:
-    """One entry of a trajectory's turns: the model's text of turn `turn` (role "assistant"), or one of its calls
-    with the tool's result (role "tool"; `tool_result` None: no result in the trajectory, which ended with the call)."""
+class SessionTurns:
+    """A sampler's turn session (`turn_session()`), each call run by the collector as it runs `sample`."""
 
-    turn: int  # 1-based: the model's k-th turn; its calls and their results carry the same k
-    role: str  # "assistant" or "tool"
-    text: str = ""  # the assistant's text outside its tool calls ("" for a tool entry)
-    tool_call: ToolCallRecord | None = None
-    tool_result: ToolResultRecord | None = None
+    collector: Any  # the RolloutCollector
+    session: Any  # e.g. generation.kept_turns.KeptCacheTurns
 
-    def as_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def start(self, prompt_ids: list[list[int]], num_generations: int) -> SampledBatch:
+        return self.collector.on_policy(lambda policy: self.session.start(policy, prompt_ids, num_generations))
 
-
-def record_turn(records: list[TurnRecord], text: str, calls: list[Any]) -> None:
-    """Append the model's next turn to `records`: its text, then each call (`tools.ToolCall`) waiting for its result."""
-    turn = sum(record.role == "assistant" for record in records) + 1
-    records.append(TurnRecord(turn, "assistant", text))
-    records += [TurnRecord(turn, "tool", tool_call=ToolCallRecord(call.name, dict(call.arguments), call.error))
-                for call in calls]
+    def resume(self, rows: list[int], sequences: list[list[int]], max_new_tokens: int | None) -> SampledBatch:
+        return self.collector.on_policy(lambda policy: self.session.resume(policy, rows, sequences, max_new_tokens))
 
 
-def record_results(records: list[TurnRecord], results: list[Any]) -> None:
-    """Give the last turn's calls their results (`tools.ToolResult`, one per call, in call order)."""
-    last = records[-1].turn if records else 0
-    for record, result in zip([r for r in records if r.turn == last and r.role == "tool"], results):
-        record.tool_result = ToolResultRecord(result.content, bool(result.failed))
+@dataclass
+class PolicySampling:
+    """The `SamplePolicy` the collector hands step 1: `collector.sample_ids`, and `turns()` for multi-turn rollouts."""
+
+    collector: Any  # the RolloutCollector
+
+    def __call__(self, *args: Any, **kwargs: Any) -> SampledBatch:
+        return self.collector.sample_ids(*args, **kwargs)
+
+    def turns(self) -> TurnSampler:
+        """The sampler's turn session when it has one (and it is on), else re-prefilled turns."""
+        open_session = getattr(self.collector.sampler, "turn_session", None)
+        session = open_session() if open_session is not None else None
+        return ReprefillTurns(self) if session is None else SessionTurns(self.collector, session)
+
+
+def turn_sampler(sample_policy: Callable[..., SampledBatch]) -> TurnSampler:
+    """How a rollout given `sample_policy` samples its turns: its own `turns()` when it has one, else re-prefilled."""
+    turns = getattr(sample_policy, "turns", None)
+    return turns() if turns is not None else ReprefillTurns(sample_policy)

@@ -1,7 +1,7 @@
 """The samples of `rloo report`: the training completions by step (completions.jsonl) and the evaluation samples
 (eval_samples.jsonl, written by `rloo eval` beside the run), as HTML tables.
 
-A single completion is a `<pre>` cell. A multi-turn trajectory (a row with `turns`, `rollout.turns.TurnRecord`s as
+A single completion is a `<pre>` cell. A multi-turn trajectory (a row with `turns`, `rollout.turn_records.TurnRecord`s as
 JSON) is a list of collapsible turns, `<details>`/`<summary>` and no script: each summary names the turn, its
 calls and failed calls, and the start of the model's text (on one line); opened, the turn shows the model's text, each tool call
 (`call ▸ add(a=2, b=3)`) and what the tool returned (`result → 5`, or `error → ...` for a failed call), each marked
