@@ -360,8 +360,8 @@ class MultiTurnRollout:
         return boxes
 
     def suffix_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return tool_suffix_ids(self.tokenizer, messages, self.end_ids, self.chat_template_kwargs,
-                               bool(self.call_format and self.call_format.end_opens_next))
+        opens = bool(self.call_format and self.call_format.end_opens_next)  # GLM-4: the end is <|observation|>
+        return tool_suffix_ids(self.tokenizer, messages, self.end_ids, self.chat_template_kwargs, opens)
 
     # ------------------------------------------------------------------ rollout_func
 
@@ -397,5 +397,3 @@ class MultiTurnRollout:
         extras = {key: extra_field(key, value, len(prompts)) for key, value in output.items() if key not in ROLLOUT_FUNC_KEYS}
         return self.batch(trajectories, pad_id, template), Episodes(prompts=prompts, messages=[None] * len(prompts),
                                                                      reward_arguments=extras, logs_tool_metrics=False)
-
-
