@@ -35,7 +35,7 @@ from rloo.config import ConfigError, RLOOConfig
 from rloo.data.dataset_rows import check_prompts, named_eval_sets, train_rows
 from rloo.data.prompts import check_vocabulary
 from rloo.data.schedule import select_rows
-from rloo.distributed import sharding
+from rloo.distributed import heartbeat, sharding
 from rloo.event_loop import EventLoop
 from rloo.generation.base import Sampler
 from rloo.passes import reference_sync
@@ -186,7 +186,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         one in output_dir (a fresh start when there is none). SIGTERM or SIGINT stops the loop after
         the current rollout's optimizer steps with a checkpoint (`self.stopped_by` names the signal).
         """
-        with StopSignals() as self._signals:
+        with StopSignals() as self._signals, heartbeat.Heartbeat.for_process_group(self.args.ddp_timeout) as self.heartbeat:
             self.rollouts.start()  # async_rollouts' sampler starts here, on a copy of the current weights
             try:
                 return self._train(resume_from_checkpoint)
@@ -206,6 +206,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         window_start, window_episodes = time.perf_counter(), 0
 
         for rollout_index in range(start_rollout, self.num_rollouts):
+            self.heartbeat.beat(f"rollout {rollout_index}")
             rollout, samples, source_stats = self._collect_rollout(rollout_index)  # steps 1-4
             rollout_stats = rollout_metrics(rollout, acc, args.num_generations,
                                             [fn.name for fn in self.reward_functions])
@@ -215,9 +216,11 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             window_episodes += episodes
 
             for mini_batch in mini_batches(rollout, args):  # step 5: num_iterations * num_mini_batches steps
+                self.heartbeat.beat(f"optimizer step {self.global_step + 1}")
                 step_stats = self.learner.step(mini_batch)
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
+                self.heartbeat.beat(f"after optimizer step {self.global_step}")
                 empty_device_cache_every(self.global_step, args.torch_empty_cache_steps)
                 self._sync_reference()
                 self.callback_handler.advance(self.global_step, self.epoch, self.episode)
