@@ -4,10 +4,12 @@
 
 point: "step" (after this process's n-th optimizer step), "eval" (at the start of its n-th evaluation),
 "save" (inside its n-th checkpoint save, every file written, before the rename), "reward_model" (its n-th
-call of a reward model). action: "TERM" / "INT" / "INT2" (signals sent to this process; INT2 sends SIGINT
-twice), "KILL", "remount_ro" (output_dir made read-only by a bind mount), "rmtree_checkpoints" (every
-checkpoint-* folder deleted), "rmtree_output" (output_dir deleted), "oom" (torch.OutOfMemoryError),
-"stall" (sleep an hour). RLOO_FAULT_RANK limits the fault to one rank of a distributed run.
+call of a reward model), "push" (at the start of its n-th weight push to a vLLM server). action: "TERM" /
+"INT" / "INT2" (signals sent to this process; INT2 sends SIGINT twice), "KILL", "remount_ro" (output_dir made
+read-only by a bind mount), "rmtree_checkpoints" (every checkpoint-* folder deleted), "rmtree_output"
+(output_dir deleted), "oom" (torch.OutOfMemoryError), "stall" (sleep an hour), "restart_server" (the vLLM
+server, RLOO_FAULT_SERVER_PID, killed and started again on the same port from RLOO_FAULT_SERVER_CMD: it then
+serves the weights it starts with). RLOO_FAULT_RANK limits the fault to one rank of a distributed run.
 The reward functions below fault on their own (their names say how) on the n-th batch, RLOO_FAULT_BATCH.
 """
 
@@ -114,15 +116,39 @@ def _act(action: str) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
     elif action == "stall":
         time.sleep(3600)
+    elif action == "restart_server":
+        _restart_server()
+
+
+def _restart_server() -> None:
+    import json
+    import urllib.request
+
+    url, cmd = os.environ["RLOO_FAULT_SERVER_URL"], json.loads(os.environ["RLOO_FAULT_SERVER_CMD"])
+    os.kill(int(os.environ["RLOO_FAULT_SERVER_PID"]), signal.SIGKILL)
+    time.sleep(1.0)  # its port free again
+    env = {**os.environ, "RLOO_FAULT_TAG": os.environ["RLOO_FAULT_SERVER_TAG"], "RLOO_SERVER_FAULT": "",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(_output_dir().parent / "restarted-server.log", "w") as log:
+        subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5):
+                return
+        except OSError:
+            time.sleep(2)
+    raise RuntimeError(f"the restarted vLLM server at {url} did not answer within 900 s")
 
 
 def _arm(point: str, count: int, action: str) -> None:
     from rloo import evaluation, update
+    from rloo.generation import vllm_client
     from rloo.rewards import reward_model
     from rloo.run import checkpoint
 
     targets = {"step": (update.Learner, "step"), "eval": (evaluation, "evaluate"), "save": (checkpoint, "_fsync_tree"),
-               "reward_model": (reward_model.RewardModel, "__call__")}
+               "reward_model": (reward_model.RewardModel, "__call__"), "push": (vllm_client.HTTPEngine, "load_weights")}
     owner, name = targets[point]
     original = getattr(owner, name)
     calls = [0]
