@@ -4,7 +4,8 @@
 
 point: "step" (after this process's n-th optimizer step), "eval" (at the start of its n-th evaluation),
 "save" (inside its n-th checkpoint save, every file written, before the rename), "reward_model" (its n-th
-call of a reward model), "push" (at the start of its n-th weight push to a vLLM server). action: "TERM" /
+call of a reward model), "push" (at the start of its n-th weight push to a vLLM server), "tool" (the
+model's n-th turn parsed as a call of the tool slow_add, the action sent mid-call). action: "TERM" /
 "INT" / "INT2" (signals sent to this process; INT2 sends SIGINT twice), "KILL", "remount_ro" (output_dir made
 read-only by a bind mount), "rmtree_checkpoints" (every checkpoint-* folder deleted), "rmtree_output"
 (output_dir deleted), "oom" (torch.OutOfMemoryError), "stall" (sleep an hour), "restart_server" (the vLLM
@@ -90,6 +91,22 @@ def rank_raises(completions, **kwargs):
     return digit_fraction(completions)
 
 
+def slow_add(a: int, b: int) -> int:
+    """Add two integers (a tool that takes 2 s: RLOO_FAULT_TOOL_SIGNAL, TERM or INT2, arrives in its middle).
+
+    Args:
+        a: the first integer
+        b: the second integer
+    """
+    signal_name = os.environ.get("RLOO_FAULT_TOOL_SIGNAL")
+    if signal_name and not _calls.get("signalled"):
+        _calls["signalled"] = True
+        time.sleep(0.5)
+        _act(signal_name)
+    time.sleep(1.5)
+    return a + b
+
+
 def _output_dir() -> Path:
     return Path(sys.argv[sys.argv.index("--output_dir") + 1])
 
@@ -147,6 +164,20 @@ def _arm(point: str, count: int, action: str) -> None:
     from rloo.rewards import reward_model
     from rloo.run import checkpoint
 
+    if point == "tool":  # the model's n-th turn is a call of slow_add, whatever it wrote (a tiny model writes none)
+        from rloo.tools.formats import CallFormat
+        from rloo.tools.parsing import ToolCall
+
+        parse, turns = CallFormat.parse, [0]
+
+        def forced(self, text):
+            turns[0] += 1
+            content, calls = parse(self, text)
+            return (content, [ToolCall("slow_add", {"a": 1, "b": 2})]) if turns[0] == count else (content, calls)
+
+        CallFormat.parse = forced
+        os.environ["RLOO_FAULT_TOOL_SIGNAL"] = action
+        return
     targets = {"step": (update.Learner, "step"), "eval": (evaluation, "evaluate"), "save": (checkpoint, "_fsync_tree"),
                "reward_model": (reward_model.RewardModel, "__call__"), "push": (vllm_client.HTTPEngine, "load_weights")}
     owner, name = targets[point]

@@ -118,6 +118,10 @@ def faults() -> list[Fault]:
               expect_exit=(130,), expect=r"second signal", resume=True),
         Fault("SIGTERM with async rollouts", "step 3, sampler running", fault="step:3:TERM", flags=async_flags,
               expect_exit=(143,), expect=r"resume_from_checkpoint latest"),
+        Fault("SIGTERM during a tool call", "tool call, turn 3", fault="tool:3:TERM", expect_exit=(143,),
+              expect=r"resume_from_checkpoint latest"),
+        Fault("second SIGINT during a tool call", "tool call, turn 3", fault="tool:3:INT2", expect_exit=(130,),
+              expect=r"second signal"),
         # --- distributed: 2 CPU processes under torchrun ---
         Fault("rank 1 SIGKILLed", "rank 1, step 2", fault="step:2:KILL", processes=2, env={"RLOO_FAULT_RANK": "1"},
               expect_exit=(1,), expect=r"rank 1|local_rank: 1"),
@@ -154,6 +158,7 @@ def setup(work: Path) -> None:
     import transformers
 
     from rloo.toy import build_char_tokenizer, build_tiny_model
+    from rloo.toy.tool_task import build_tool_tokenizer
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, seed=0, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -171,13 +176,22 @@ def setup(work: Path) -> None:
     tokenizer.save_pretrained(work / "vllm_model")
     rows = [{"prompt": f"{a}+{b}="} for a in range(8) for b in range(8)]
     (work / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tool_tokenizer = build_tool_tokenizer()  # a chat template that renders tools and tool calls
+    build_tiny_model(tool_tokenizer, seed=0, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                     intermediate_size=64).save_pretrained(work / "tool_model")
+    tool_tokenizer.save_pretrained(work / "tool_model")
+    chats = [{"prompt": [{"role": "user", "content": row["prompt"]}]} for row in rows]
+    (work / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chats))
 
 
 def command(work: Path, fault: Fault, output_dir: Path, resume: bool = False, url: str = "") -> list[str]:
     reward = f"model:{work / 'reward_model'}" if fault.reward == "model" else f"{RUNNER}:{fault.reward}"
-    model = work / ("vllm_model" if url else "model")
-    flags = ["--model_name_or_path", str(model), "--dataset_name", str(work / "data.jsonl"),
+    tools = fault.fault.startswith("tool:")
+    model = work / ("vllm_model" if url else "tool_model" if tools else "model")
+    flags = ["--model_name_or_path", str(model), "--dataset_name", str(work / ("chat.jsonl" if tools else "data.jsonl")),
              "--reward_funcs", reward, "--output_dir", str(output_dir), *BASE_FLAGS, *fault.flags]
+    if tools:
+        flags += ["--tools", f"{RUNNER}:slow_add", "--max_completion_length", "24"]
     if url:
         flags += ["--sampler", "vllm", "--vllm_mode", "server", "--vllm_server_base_url", url,
                   "--vllm_server_timeout", str(fault.server_timeout)]
