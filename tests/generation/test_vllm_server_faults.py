@@ -5,7 +5,9 @@ the engine failing while HTTP answers (the server answers 500 naming it and exit
 server killed mid-generation and mid-push, restarted between steps, each in a training run) are rows of
 benchmarks/runs/faults.py.
 
-Run by scripts/test_vllm.sh; skipped where vLLM is not installed, except with RLOO_REQUIRE_VLLM set (CI).
+A server of its own (about a minute to start on 2 cores): the `harness` tier, which scripts/test_vllm.sh leaves out
+(`bash scripts/test_vllm.sh -m harness` runs it); CI's vLLM tier checks the version and SIGSTOP on the shared server
+(test_vllm_server.py). Skipped where vLLM is not installed, except with RLOO_REQUIRE_VLLM set.
 """
 
 import os
@@ -26,8 +28,10 @@ else:
 from test_vllm_engine import tiny_model  # noqa: E402
 
 from conftest import free_port  # noqa: E402
+from rloo.generation.vllm import policy_weights  # noqa: E402
 from rloo.generation.vllm_client import HTTPEngine, ServerError  # noqa: E402
 
+pytestmark = pytest.mark.harness
 SERVER = Path(__file__).resolve().parents[2] / "benchmarks" / "runs" / "fault_server.py"
 PARAMS = {"temperature": 1.0, "max_tokens": 4}
 
@@ -55,7 +59,7 @@ def test_a_stopped_server_and_a_failed_engine_end_with_a_clear_line(tmp_path):
                 time.sleep(1)
         assert client.weights_version.startswith("boot-")
         client.generate([[5, 6, 7]], 2, PARAMS)  # generation 1: the weights it started with
-        client.load_weights(iter(model.state_dict().items()))
+        client.load_weights(policy_weights(model))
         assert not client.weights_version.startswith("boot-")
         client.generate([[5, 6, 7]], 2, PARAMS)  # generation 2: the version of the push, checked
 
