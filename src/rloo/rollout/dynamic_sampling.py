@@ -119,6 +119,12 @@ class DynamicSampler:
     def close(self) -> None:
         """Nothing to stop."""
 
+    def state(self) -> None:
+        """Nothing beside the trainer's state (extra rounds' rows are fixed by seed and rollout)."""
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Nothing to restore."""
+
     def extra_rows(self, rollout_index: int, round_index: int) -> list[dict[str, Any]]:
         """prompts_per_rollout dataset rows for an extra round, fixed by (seed, rollout, round, process)."""
         key = (self.args.seed, rollout_index, round_index, self.accelerator.process_index)
