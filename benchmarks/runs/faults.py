@@ -129,7 +129,7 @@ def faults() -> list[Fault]:
               env={"RLOO_FAULT_RANK": "1"}, expect_exit=(1,), expect=r"rank 1's reward parser"),
         Fault("rank 1 stalls", "rank 1, after step 2", fault="step:2:stall", processes=2,
               env={"RLOO_FAULT_RANK": "1"}, flags=["--ddp_timeout", "20"], expect_exit=(1,),
-              expect=r"rank 1 \(last at 'optimizer step 2' \d+ s ago\) stopped making progress", deadline=180.0),
+              expect=r"rank 1 \(last at 'rollout 1' \d+ s ago\) stopped making progress", deadline=180.0),
         # --- the vLLM server (rloo vllm-serve on vLLM's CPU engine) ---
         Fault("vLLM server killed mid-generation", "server, generation 3", server="generate:3:KILL", expect_exit=(1,),
               expect=r"closed the connection during POST /generate", deadline=300.0),

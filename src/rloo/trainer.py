@@ -206,7 +206,6 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         window_start, window_episodes = time.perf_counter(), 0
 
         for rollout_index in range(start_rollout, self.num_rollouts):
-            self.heartbeat.beat(f"rollout {rollout_index}")
             rollout, samples, source_stats = self._collect_rollout(rollout_index)  # steps 1-4
             rollout_stats = rollout_metrics(rollout, acc, args.num_generations,
                                             [fn.name for fn in self.reward_functions])
@@ -216,7 +215,6 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             window_episodes += episodes
 
             for mini_batch in mini_batches(rollout, args):  # step 5: num_iterations * num_mini_batches steps
-                self.heartbeat.beat(f"optimizer step {self.global_step + 1}")
                 step_stats = self.learner.step(mini_batch)
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
@@ -347,7 +345,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
     def _collect_rollout(self, rollout_index: int) -> tuple[Rollout, Samples, dict[str, float]]:
         """Steps 1-4 from the rollout source, with its metrics (dynamic_sampling/*, async/*). Its seconds join
         the next optimizer step's step_time, as TRL counts generation in the step that triggers it."""
-        with self.learner.timed_wait():
+        with self.learner.timed_wait(), self.heartbeat.after(f"rollout {rollout_index}"):  # (heartbeat: once collected)
             return self.rollouts.next(rollout_index, self.global_step, self.episode)
 
     def _log(self, window: dict[str, float], eps: float, samples: Samples, rollout: Rollout) -> dict[str, float]:

@@ -3,18 +3,19 @@
 When one process dies or stalls, the others wait in their next collective until ddp_timeout and then fail, and
 the launcher reports the first process that failed: a survivor, not the culprit (torchrun blames rank 0 for rank
 1's stall). So each process writes a heartbeat to the process group's key-value store (the one torchrun or
-accelerate already runs, which outlives the workers) at each point of the loop: a count and a label ("optimizer
-step 3", "rollout 2", ...). When a collective fails, `blame` reads every process's heartbeat: the processes whose
-count is behind the others' are the ones that stopped, named with their last point and how long ago it was.
-A heartbeat costs one small store write per point, a few per optimizer step.
+accelerate already runs, which outlives the workers) at each point of the loop: a count and a label ("rollout 2"
+once it is collected, "after optimizer step 3"). When a collective fails, `blame` reads every process's heartbeat:
+the processes whose count is behind the others' are the ones that stopped, named with their last point and how long
+ago it was. A heartbeat costs one small store write per point, one per rollout and one per optimizer step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -61,6 +62,12 @@ class Heartbeat:
             return
         self.count += 1
         self.store.set(KEY.format(rank=self.rank), json.dumps([self.count, where, time.time()]))
+
+    @contextlib.contextmanager
+    def after(self, where: str) -> Iterator[None]:
+        """Beat `where` once the block has run (not if it raised)."""
+        yield
+        self.beat(where)
 
     def read(self) -> dict[int, list | None]:
         """Every process's last heartbeat ([count, where, unix time]); None for one that wrote none or the store
