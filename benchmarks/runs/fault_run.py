@@ -4,8 +4,8 @@
 
 point: "step" (after this process's n-th optimizer step), "eval" (at the start of its n-th evaluation),
 "save" (inside its n-th checkpoint save, every file written, before the rename), "reward_model" (its n-th
-call of a reward model), "push" (at the start of its n-th weight push to a vLLM server), "tool" (the
-model's n-th turn parsed as a call of the tool slow_add, the action sent mid-call). action: "TERM" /
+call of a reward model), "push" / "pushed" (at the start / the end of its n-th weight push to a vLLM server),
+"tool" (the model's n-th turn parsed as a call of the tool slow_add, the action sent mid-call). action: "TERM" /
 "INT" / "INT2" (signals sent to this process; INT2 sends SIGINT twice), "KILL", "remount_ro" (output_dir made
 read-only by a bind mount), "rmtree_checkpoints" (every checkpoint-* folder deleted), "rmtree_output"
 (output_dir deleted), "oom" (torch.OutOfMemoryError), "stall" (sleep an hour), "restart_server" (the vLLM
@@ -179,14 +179,15 @@ def _arm(point: str, count: int, action: str) -> None:
         os.environ["RLOO_FAULT_TOOL_SIGNAL"] = action
         return
     targets = {"step": (update.Learner, "step"), "eval": (evaluation, "evaluate"), "save": (checkpoint, "_fsync_tree"),
-               "reward_model": (reward_model.RewardModel, "__call__"), "push": (vllm_client.HTTPEngine, "load_weights")}
+               "reward_model": (reward_model.RewardModel, "__call__"), "push": (vllm_client.HTTPEngine, "load_weights"),
+               "pushed": (vllm_client.HTTPEngine, "load_weights")}
     owner, name = targets[point]
     original = getattr(owner, name)
     calls = [0]
 
     @functools.wraps(original)  # the same signature: a reward model is still passed only what it takes
     def wrapped(*args, **kwargs):
-        after = point == "step"
+        after = point in ("step", "pushed")
         result = original(*args, **kwargs) if after else None
         calls[0] += 1
         if calls[0] == count:
