@@ -35,7 +35,7 @@ from rloo.config import ConfigError, RLOOConfig
 from rloo.data.dataset_rows import check_prompts, named_eval_sets, train_rows
 from rloo.data.prompts import check_vocabulary
 from rloo.data.schedule import select_rows
-from rloo.distributed import sharding
+from rloo.distributed import heartbeat, sharding
 from rloo.event_loop import EventLoop
 from rloo.generation.base import Sampler
 from rloo.passes import reference_sync
@@ -186,7 +186,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         one in output_dir (a fresh start when there is none). SIGTERM or SIGINT stops the loop after
         the current rollout's optimizer steps with a checkpoint (`self.stopped_by` names the signal).
         """
-        with StopSignals() as self._signals:
+        with StopSignals() as self._signals, heartbeat.Heartbeat.for_process_group(self.args.ddp_timeout) as self.heartbeat:
             self.rollouts.start()  # async_rollouts' sampler starts here, on a copy of the current weights
             try:
                 return self._train(resume_from_checkpoint)
@@ -218,6 +218,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                 step_stats = self.learner.step(mini_batch)
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
+                self.heartbeat.beat(f"after optimizer step {self.global_step}")
                 empty_device_cache_every(self.global_step, args.torch_empty_cache_steps)
                 self._sync_reference()
                 self.callback_handler.advance(self.global_step, self.epoch, self.episode)
@@ -344,7 +345,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
     def _collect_rollout(self, rollout_index: int) -> tuple[Rollout, Samples, dict[str, float]]:
         """Steps 1-4 from the rollout source, with its metrics (dynamic_sampling/*, async/*). Its seconds join
         the next optimizer step's step_time, as TRL counts generation in the step that triggers it."""
-        with self.learner.timed_wait():
+        with self.learner.timed_wait(), self.heartbeat.after(f"rollout {rollout_index}"):  # (heartbeat: once collected)
             return self.rollouts.next(rollout_index, self.global_step, self.episode)
 
     def _log(self, window: dict[str, float], eps: float, samples: Samples, rollout: Rollout) -> dict[str, float]:
