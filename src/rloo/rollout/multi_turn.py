@@ -5,7 +5,8 @@ A trajectory is one completion: K trajectories per prompt, scored as a whole and
 leave-one-out like single completions. Turn 1 samples K completions of each prompt. Each
 trajectory whose turn ended (EOS) with tool calls has them run (`tools.run_tool_calls`), the
 tool messages' tokens appended (`tools.tool_suffix_ids`, rendered for the new messages only), and
-is sampled again, with K = 1, on its whole token list; this repeats until a turn makes no call,
+is sampled again, with K = 1, on its whole token list (`turns.TurnSampler`: the fast sampler keeps each
+trajectory's KV cache across its tool calls and runs only the tokens added since); this repeats until a turn makes no call,
 `max_tool_calling_iterations` rounds of calls have run, or the completion budget is spent
 (`max_completion_length` counts every completion token, the model's and the tools').
 
@@ -38,6 +39,7 @@ from rloo.data.prompts import fit_prompt_lengths, is_conversational, tokenize_pr
 from rloo.generation.base import SampledBatch, left_pad
 from rloo.rewards.scoring import shorten
 from rloo.rollout.rollout_func import extra_field, token_logprobs
+from rloo.rollout.turns import TurnSampler, turn_sampler
 from rloo.tools import environment_tools, prepare_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
 from rloo.tools.parsing import ToolCall
 
@@ -205,14 +207,15 @@ class MultiTurnRollout:
         toolboxes = self.toolboxes(environments, len(prompts))
         trajectories = [Trajectory(ids) for ids in prompt_ids]
         groups_alike = all(prompt_ids[i] == prompt_ids[i - i % num_generations] for i in range(len(prompt_ids)))
-        first = (sample_policy(prompt_ids[::num_generations], num_generations) if groups_alike
-                 else sample_policy(prompt_ids, 1))
+        turns = turn_sampler(sample_policy)  # the fast sampler keeps each trajectory's cache across its turns
+        first = (turns.start(prompt_ids[::num_generations], num_generations) if groups_alike
+                 else turns.start(prompt_ids, 1))
         self.take_turn(trajectories, list(range(len(trajectories))), first)
         episodes = Episodes(prompts=prompts, messages=[t.messages for t in trajectories], environments=environments)
-        self.call_tools(sample_policy, trajectories, toolboxes, episodes)
+        self.call_tools(turns, trajectories, toolboxes, episodes)
         return self.batch(trajectories, self.tokenizer.pad_token_id, first), episodes
 
-    def call_tools(self, sample_policy: Callable[..., SampledBatch], trajectories: list[Trajectory],
+    def call_tools(self, turns: TurnSampler, trajectories: list[Trajectory],
                    toolboxes: list[dict[str, Callable]], episodes: Episodes) -> None:
         """The tool-calling rounds: run the calls, append their results, sample the next turn."""
         active = [i for i, t in enumerate(trajectories) if t.ended and t.messages[-1].get("tool_calls")]
@@ -236,8 +239,8 @@ class MultiTurnRollout:
             if not continuing:
                 break
             budget = max(self.max_completion_length - len(trajectories[i].ids) for i in continuing)
-            sampled = sample_policy([trajectories[i].prompt_ids + trajectories[i].ids for i in continuing], 1,
-                                    max_new_tokens=budget)
+            sampled = turns.resume(continuing, [trajectories[i].prompt_ids + trajectories[i].ids for i in continuing],
+                                   max_new_tokens=budget)
             self.take_turn(trajectories, continuing, sampled)
             active = [i for i in continuing if trajectories[i].ended and trajectories[i].messages[-1].get("tool_calls")]
 
