@@ -5,7 +5,7 @@ with async_rollouts against the synchronous loop.
     PYTHONPATH=src python benchmarks/memory/lora_step.py --runs lora qlora --steps 2   # a quick look
 
 Each run is a fresh process: SmolLM2-135M-Instruct (rloo.assets.smollm2) with LoRA r=16, alpha 32 on every linear
-layer of the decoder, trained `--steps` optimizer steps of 8 completions (2 prompts x K=4, at most 64 new tokens),
+layer of the decoder, trained `--steps` optimizer steps of 8 completions (2 prompts x K=4, at most 32 new tokens),
 beta 0.04 (the reference: the base with the adapters off), fp32, on CPU
 with the in-process sampler. Runs: "lora" (fp32 base), "qlora" (model_init_kwargs load_in_4bit: NF4 base through
 bitsandbytes' CPU backend, compute in fp32), "lora_async" (async_rollouts, max_staleness 1: a forked sampler
@@ -52,7 +52,7 @@ def run_one(name: str, steps: int) -> dict:
     init = {"dtype": "float32", **({"load_in_4bit": True} if name == "qlora" else {})}
     with tempfile.TemporaryDirectory() as out:
         args = RLOOConfig(output_dir=out, model_init_kwargs=init, num_generations=4, per_device_train_batch_size=8,
-                          max_completion_length=64, max_steps=steps,
+                          max_completion_length=32, max_steps=steps,
                           learning_rate=1e-4, beta=0.04, logging_steps=1, save_strategy="no", report_to=[], seed=0,
                           async_rollouts=name == "lora_async")
         lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -74,7 +74,7 @@ def run_one(name: str, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", default=["lora", "qlora", "lora_async"])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", default=None)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
