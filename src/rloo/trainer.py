@@ -236,7 +236,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                     self._log_eval()
                 if args.save_steps > 0 and self.global_step % args.save_steps == 0:
                     checkpoint.save_checkpoint(acc, self.model, self.processing_class, args, self.global_step,
-                                               rollout_index, self.episode, self.run_id)
+                                               rollout_index, self.episode, self.run_id, self.rollouts.state())
                     self.callback_handler.event("on_save")
                 if is_last:
                     break
@@ -308,6 +308,8 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             return 0
         state = checkpoint.load_checkpoint(acc, self.model, path, args)
         self.global_step, self.episode = state["global_step"], state["episode"]
+        if state["rollout_state"] is not None:  # async_rollouts' sampler: what it sampled the next rollout with
+            self.rollouts.restore(state["rollout_state"])
         if acc.is_main_process:
             tqdm.write(safe_text.visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
         self.run_id = state.get("run_id") or self.run_id
@@ -329,7 +331,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         path = Path(args.output_dir) / f"checkpoint-{self.global_step}"
         if checkpoint.read_state(path) is None or checkpoint.read_state(path).get("run_id") != self.run_id:
             path = checkpoint.save_checkpoint(self.accelerator, self.model, self.processing_class, args, self.global_step,
-                                              rollout_index, self.episode, self.run_id)
+                                              rollout_index, self.episode, self.run_id, self.rollouts.state())
         self.stopped_by = signal_name or "a signal on another process"
         if self.accelerator.is_main_process:
             tqdm.write(safe_text.visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
@@ -360,7 +362,8 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         if self.args.log_completions:
             rows = completion_rows(samples.prompts, samples.shown(), [fn.name for fn in self.reward_functions],
                                    rollout.reward_columns, rollout.scores.tolist(), rollout.advantages.tolist(),
-                                   self.global_step, self.args.num_completions_to_print, samples.extra)
+                                   self.global_step, self.args.num_completions_to_print, samples.extra,
+                                   samples.turn_records())
             self.logger.log_completions(rows, self.global_step)
         return metrics
 
