@@ -309,8 +309,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             return 0
         state = checkpoint.load_checkpoint(acc, self.model, path, args)
         self.global_step, self.episode = state["global_step"], state["episode"]
-        if state["rollout_state"] is not None:  # async_rollouts' sampler: what it sampled the next rollout with
-            self.rollouts.restore(state["rollout_state"])
+        self.rollouts.restore(state["rollout_state"])  # async_rollouts: what its sampler sampled the next rollout with
         if acc.is_main_process:
             tqdm.write(safe_text.visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
         self.run_id = state.get("run_id") or self.run_id

@@ -123,7 +123,7 @@ class DynamicSampler:
     def state(self) -> None:
         """Nothing beside the trainer's state (extra rounds' rows are fixed by seed and rollout)."""
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: dict[str, Any] | None) -> None:
         """Nothing to restore."""
 
     def extra_rows(self, rollout_index: int, round_index: int) -> list[dict[str, Any]]:
