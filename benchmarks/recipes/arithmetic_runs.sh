@@ -4,8 +4,8 @@
 #   bash benchmarks/recipes/arithmetic_runs.sh STEPS JOB...
 #     JOB: tools-s<seed> | plain-s<seed> | trl-s<seed> | before (the two warm starts) | hard-<run> (hard set)
 #   e.g. bash benchmarks/recipes/arithmetic_runs.sh 30 tools-s0 trl-s0 plain-s0 before
-# Every run and evaluation takes /tmp/rloo-heavy.lock for itself (LOCK=... to change, LOCK= for none), so other
-# heavy jobs get turns between them. Writes runs/arithmetic/<job>/ (the run, its final model) with <job>.log and
+# Each job (a run and its evaluation) takes /tmp/rloo-heavy.lock for itself (LOCK=... to change, LOCK= for none),
+# so other heavy jobs get turns between jobs. Writes runs/arithmetic/<job>/ (the run, its final model) with <job>.log and
 # <job>.time (/usr/bin/time -v: peak RSS), and <job>-eval/ (rloo eval: eval_results.json, eval_samples.jsonl);
 # benchmarks/recipes/arithmetic.py reads them all.
 set -euo pipefail
@@ -13,13 +13,20 @@ steps=$1; shift
 runs=runs/arithmetic; mkdir -p "$runs"
 eval_samples=${EVAL:-64}
 lock=${LOCK-/tmp/rloo-heavy.lock}
-run() {  # run LOG COMMAND...: under the lock, timed (peak RSS) into LOG's .time
+if [ -n "$lock" ]; then  # one job at a time under the lock: this script again, for that job, without it
+  for job in "$@"; do
+    echo "$(date -u +%T) $job: waiting for $lock"
+    flock "$lock" env LOCK= bash "$0" "$steps" "$job" || echo "$(date -u +%T) $job failed"
+  done
+  exit 0
+fi
+run() {  # run LOG COMMAND...: timed (peak RSS) into LOG's .time
   local log=$1; shift
   echo "$(date -u +%T) $*"
   local start rc=0; start=$(date +%s)
-  if [ -n "$lock" ]; then set -- flock "$lock" "$@"; fi
   /usr/bin/time -v -o "${log%.log}.time" "$@" > "$log" 2>&1 || rc=$?
-  echo "$(date -u +%T) $log: $(( $(date +%s) - start )) s (lock wait included), exit $rc"
+  echo "$(date -u +%T) $log: $(( $(date +%s) - start )) s, exit $rc"
+  return $rc
 }
 evaluate() {  # evaluate MODEL CONFIG OUT [flags]: the first $eval_samples held-out problems, one sample each
   local model=$1 config=$2 out=$3; shift 3

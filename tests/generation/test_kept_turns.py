@@ -135,9 +135,11 @@ def test_kept_cache_gives_the_re_prefill_path_s_tokens_and_logprobs(tmp_path, na
     assert sum(again_prefills[2:]) > 3 * kept.prompt_ids.shape[1]  # the re-prefill path: each trajectory again
 
 
-def test_kept_cache_after_the_static_decode_step(tmp_path, monkeypatch):
-    """The static step (CUDA's, here on CPU) replaces the cache's layers and decodes past the rows' ends between
-    its checks (eos_check_every=4): the kept cache reads its buffers and drops the columns fed after each end."""
+@pytest.mark.parametrize("decode_step", ["static", pytest.param("graph", marks=pytest.mark.cuda)])
+def test_kept_cache_after_the_static_decode_step(tmp_path, monkeypatch, decode_step):
+    """The static step (CUDA's, here on CPU; graphed on CUDA) replaces the cache's layers and decodes past the rows'
+    ends between its checks (eos_check_every=4): the kept cache reads its buffers and drops the columns fed after
+    each end."""
     tokenizer = tool_tokenizer()
     model = build_tiny_model(tokenizer, seed=1, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
                              intermediate_size=64, max_position_embeddings=2048)  # Qwen2: takes the static step
@@ -145,7 +147,8 @@ def test_kept_cache_after_the_static_decode_step(tmp_path, monkeypatch):
         model.get_input_embeddings().weight.mul_(4.0)
     made = []
     monkeypatch.setattr(fast, "make_step", lambda *args, **kwargs: made.append(1) or make_step(*args, **kwargs))
-    _, kept, _, _ = _rollout(tmp_path, model, tokenizer, True, False, None, decode_step="static", eos_check_every=4)
+    _, kept, _, _ = _rollout(tmp_path, model, tokenizer, True, False, None, decode_step=decode_step,
+                             eos_check_every=4)
     assert len(made) == 4  # every turn ran the static step
     monkeypatch.undo()
     _, again, _, _ = _rollout(tmp_path, model, tokenizer, False, False, None)

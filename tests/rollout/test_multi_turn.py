@@ -236,7 +236,8 @@ def test_call_and_failure_frequencies_are_logged(tmp_path):
 
 def test_the_completions_table_file_and_report_show_each_trajectory_turn_by_turn(tmp_path, capsys):
     """log_completions: the console table, completions.jsonl and `rloo report` show the model's turns, its
-    tool calls and the tool results marked (`tool ▸ add → 3`); a tool's markup, escapes and HTML stay inert."""
+    tool calls and the tool results marked (`call ▸ add(a=1, b=2)`, `result → 3`); a tool's markup, escapes and HTML
+    stay inert. (tests/rollout/test_trajectory_view.py: a failed call, eval_samples.jsonl, the report's turns.)"""
     from rloo.run.report import build_report
 
     def note(text: str) -> str:
@@ -262,11 +263,11 @@ def test_the_completions_table_file_and_report_show_each_trajectory_turn_by_turn
         {"role": "tool", "name": "add", "content": "3"},
         {"role": "assistant", "content": "it is done"}]
     assert rows[1]["completion"][1] == {"role": "tool", "name": "note", "content": "[bold]x[/bold] <b>y</b> \x1b[2J"}
-    assert 'call \u25b8 add {"a": 1, "b": 2}' in shown and "tool \u25b8 add \u2192 3" in shown
+    assert "call \u25b8 add(a=1, b=2)" in shown and "result \u2192 3" in shown and 'call \u25b8 note(text="hi")' in shown
     assert "[bold]x[/bold] <b>y</b> \\x1b[2J" in shown and "\x1b" not in shown
     assert "'role'" not in shown and "<tool_response>" not in shown
     page = build_report(tmp_path / "run").read_text(encoding="utf-8")
-    assert "tool \u25b8 add \u2192 3" in page and "[bold]x[/bold] &lt;b&gt;y&lt;/b&gt; \\x1b[2J" in page
+    assert "result \u2192 3" in page and "result \u2192 [bold]x[/bold] &lt;b&gt;y&lt;/b&gt; \\x1b[2J" in page
     assert "<b>y</b>" not in page
 
 

@@ -142,10 +142,10 @@ class RolloutCollector:
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         prompts = [row["prompt"] for row in rows for _ in range(num_generations)]
         state = self.trainer_state if self.trainer_state is not None else {"global_step": global_step, "episode": episode}
-        as_given, more_arguments, turns, episode_metrics = as_completions(prompts, completions), {}, None, {}
+        as_given, more_arguments, messages, turns, episode_metrics = as_completions(prompts, completions), {}, None, None, {}
         if episodes is not None:  # trajectories: the prompts the policy saw, the completions as messages
             prompts, as_given, more_arguments = episodes.reward_inputs(as_given)
-            turns, episode_metrics = list(episodes.messages), episodes.metrics()
+            messages, turns, episode_metrics = list(episodes.messages), episodes.turns, episodes.metrics()
         arguments = {**reward_arguments(rows, prompts, as_given, completion_ids, num_generations, state),
                      **more_arguments}
         reward_log = RewardLog()
@@ -161,7 +161,7 @@ class RolloutCollector:
         metrics = {**reward_log.metrics(), **episode_metrics}
         self.log_image_files(rows, num_generations, reward_log)
         return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns), metrics=metrics,
-                               turns=turns, images=self.logged_images(rows, num_generations))
+                               messages=messages, turns=turns, images=self.logged_images(rows, num_generations))
 
     def logged_images(self, rows: list[dict[str, Any]], num_generations: int) -> list | None:
         """log_multimodal: each completion's prompt images as the dataset holds them, a list per completion (an

@@ -295,7 +295,7 @@ class AsyncRollouts:
                                     if name in trainable}
         return state
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: dict[str, Any] | None) -> None:
         """On resume, before the first rollout: sample it from a checkpoint's `state()`."""
         self.resumed = state
 
@@ -378,7 +378,7 @@ class AheadOfTheLearner:
     def state(self) -> dict[str, Any] | None:
         return self.running.state() if self.running is not None else None
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: dict[str, Any] | None) -> None:
         self.running.restore(state)
 
     def close(self) -> None:

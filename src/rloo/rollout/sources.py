@@ -44,8 +44,8 @@ class RolloutSource(Protocol):
         """Between rollouts: what a checkpoint must hold for an exact resume besides the trainer's own state."""
         ...
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """On resume, after `start` and before the first `next`: a checkpoint's `state()`."""
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """On resume, after `start` and before the first `next`: a checkpoint's `state()` (None: the checkpoint holds none)."""
         ...
 
 
@@ -68,7 +68,7 @@ class PlainRollouts:
     def state(self) -> None:
         """Nothing beside the trainer's state."""
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: dict[str, Any] | None) -> None:
         """Nothing to restore."""
 
 
