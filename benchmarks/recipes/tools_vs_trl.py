@@ -1,7 +1,10 @@
-"""GSM8K with the calculator tool (recipes/gsm8k_tools_cpu.yaml): rloo's RLOOTrainer against TRL 1.16's GRPOTrainer.
+"""A calculator-tool recipe (recipes/gsm8k_tools_cpu.yaml by default): rloo's RLOOTrainer against TRL 1.16's GRPOTrainer.
 
     python benchmarks/recipes/tools_vs_trl.py --steps 3            # both systems, one fresh process each
     python benchmarks/recipes/tools_vs_trl.py --steps 3 --systems trl trl_defaults
+    python benchmarks/recipes/tools_vs_trl.py --recipe recipes/arithmetic_tools_cpu.yaml --steps 30 --seed 0 \
+        --systems trl --save-dir runs/arith/trl-s0 --out arithmetic_trl_s0.json
+                       # one system, its final model, tokenizer and log history kept in --save-dir for `rloo eval`
 
 TRL's RLOOTrainer takes no tools, so TRL runs as GRPOTrainer, set to the closest match of rloo's RLOO loss:
 beta 0 for both; loss_type="dr_grpo" (each completion's token losses summed, averaged over completions, and
@@ -20,7 +23,8 @@ to TRL's own Hermes / Qwen3 one (`trl.chat_template_utils.qwen3_template`: `<too
 the template renders), which is what makes TRL run.
 
 Reports, per system: seconds per optimizer step (train() alone), CPU seconds per step, peak RSS and its growth
-during train(), the tools/ metrics both log. Results: benchmarks/results/tools_vs_trl.json.
+during train(), the tools/ metrics both log, each reward function's mean per step. Results:
+benchmarks/results/tools_vs_trl.json (--out names another file there).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ sys.path.insert(0, str(ROOT / "recipes" / "tools"))
 from memory import rss_bytes  # noqa: E402
 from recipes import load_model, process_cpu_seconds, reward_functions, step_means, train_dataset  # noqa: E402
 
-RECIPE = ROOT / "recipes" / "gsm8k_tools_cpu.yaml"
+RECIPE = "recipes/gsm8k_tools_cpu.yaml"
 SHARED = ["num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
           "temperature", "learning_rate", "lr_scheduler_type", "max_grad_norm", "beta", "reward_weights",
           "max_steps", "seed", "logging_steps", "max_tool_calling_iterations"]
@@ -68,7 +72,7 @@ def build_trainer(system: str, recipe: dict, model, tokenizer, rewards, tools, o
                            processing_class=tokenizer, tools=tools)
     from rloo import RLOOConfig, RLOOTrainer
 
-    args = RLOOConfig(**shared, max_prompt_length=recipe["max_prompt_length"], tool_call_timeout=recipe["tool_call_timeout"],
+    args = RLOOConfig(**shared, max_prompt_length=recipe.get("max_prompt_length"), tool_call_timeout=recipe["tool_call_timeout"],
                       shared_prefix_forward=recipe["shared_prefix_forward"], output_dir=output_dir, save_steps=0,
                       bf16=False, top_p=1.0, top_k=0, report_to=[], warmup_steps=0, weight_decay=0.0)
     return RLOOTrainer(model, rewards, args=args, train_dataset=train_dataset(recipe), processing_class=tokenizer,
@@ -101,13 +105,18 @@ def run_worker(spec: dict) -> dict:
             from trl.chat_template_utils import qwen3_template
 
             tokenizer.response_template = qwen3_template
-    with tempfile.TemporaryDirectory() as output_dir:
+    with tempfile.TemporaryDirectory() as scratch:
+        output_dir = spec.get("save_dir") or scratch
         trainer = build_trainer(spec["system"], recipe, model, tokenizer, rewards, [calculator], output_dir)
         rss_before_train_mb = rss_bytes() / 2**20
         start, cpu_start = time.perf_counter(), process_cpu_seconds()
         trainer.train()
         seconds, cpu_seconds = time.perf_counter() - start, process_cpu_seconds() - cpu_start
         history = trainer.state.log_history
+        if spec.get("save_dir"):  # the final model, for `rloo eval --model <save_dir>`
+            trainer.save_model(output_dir)
+            tokenizer.save_pretrained(output_dir)
+            Path(output_dir, "log_history.json").write_text(json.dumps(history, indent=1))
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     per_step = recipe["per_device_train_batch_size"] * recipe["gradient_accumulation_steps"]
     tools = {key: [entry[key] for entry in history if key in entry]
@@ -142,13 +151,18 @@ def main() -> None:
                         help="a model folder in place of the recipe's (e.g. recipes/models/smollm2-135m-instruct-sft-tools, "
                              "from `python recipes/prepare.py smollm2-sft-tools`, which calls the calculator)")
     parser.add_argument("--max-completion-length", type=int, default=None, help="in place of the recipe's")
+    parser.add_argument("--recipe", default=RECIPE, help="the tool recipe both systems run (a path from the repository root)")
+    parser.add_argument("--save-dir", default=None,
+                        help="keep the final model, tokenizer and log history here (one system only)")
     parser.add_argument("--out", default="tools_vs_trl.json", help="file name under benchmarks/results/")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
         print(json.dumps(run_worker(json.loads(options.worker))))
         return
-    recipe = {**yaml.safe_load(RECIPE.read_text()), "max_steps": options.steps, "seed": options.seed}
+    if options.save_dir and len(options.systems) != 1:
+        parser.error("--save-dir keeps one system's model: give one --systems entry")
+    recipe = {**yaml.safe_load((ROOT / options.recipe).read_text()), "max_steps": options.steps, "seed": options.seed}
     if options.model:
         recipe["model_name_or_path"] = options.model
     if options.max_completion_length:
@@ -156,7 +170,8 @@ def main() -> None:
     results = []
     for system in options.systems:
         try:
-            result = spawn({"system": system, "recipe": recipe, "threads": options.threads})
+            result = spawn({"system": system, "recipe": recipe, "threads": options.threads,
+                            "save_dir": str(ROOT / options.save_dir) if options.save_dir else None})
         except RuntimeError as error:  # one system failing still leaves the others' figures
             print(error)
             results.append({"system": system, "error": str(error)[-2000:]})
