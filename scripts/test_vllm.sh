@@ -2,7 +2,7 @@
 # Runs rloo's vLLM tests (tests/generation/test_vllm_*.py) against a real vLLM (the CPU build) in a
 # venv of its own, cached at ~/.cache/rloo/vllm-venv-<hash of scripts/vllm-requirements.txt>.
 # A cold build takes several minutes; a warm run only the tests. With CI=true a missing vLLM fails
-# the tests instead of skipping them. Extra arguments go to pytest.
+# the tests instead of skipping them. Extra arguments go to pytest (a later -k or -m replaces the script's).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 reqs="$here/scripts/vllm-requirements.txt"
@@ -30,5 +30,12 @@ fi
 export PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export RLOO_REQUIRE_VLLM="${RLOO_REQUIRE_VLLM:-${CI:-}}"
+# The vLLM-named test files that never need vLLM (fakes, the HTTP layer, the sync choice) run in the main suite
+# already; tests/test_ci_tiers.py checks that none of them imports or requires vLLM.
+without_vllm=(test_lora_sync_choice.py test_vllm_client.py test_vllm_sampler.py test_vllm_server_guards.py
+              test_vllm_server_images.py)
+ignored=()
+for name in "${without_vllm[@]}"; do ignored+=(--ignore "tests/generation/$name"); done
 cd "$here"
-"$venv/bin/python" -m pytest -q tests/generation -k vllm -p no:cacheprovider "$@"
+# The harness tier (a fault server of its own, ~1 min) is left out; `-m harness` after it runs it instead.
+"$venv/bin/python" -m pytest -q tests/generation -k vllm -m "not harness" "${ignored[@]}" -p no:cacheprovider "$@"

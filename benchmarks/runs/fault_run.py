@@ -4,10 +4,13 @@
 
 point: "step" (after this process's n-th optimizer step), "eval" (at the start of its n-th evaluation),
 "save" (inside its n-th checkpoint save, every file written, before the rename), "reward_model" (its n-th
-call of a reward model). action: "TERM" / "INT" / "INT2" (signals sent to this process; INT2 sends SIGINT
-twice), "KILL", "remount_ro" (output_dir made read-only by a bind mount), "rmtree_checkpoints" (every
-checkpoint-* folder deleted), "rmtree_output" (output_dir deleted), "oom" (torch.OutOfMemoryError),
-"stall" (sleep an hour). RLOO_FAULT_RANK limits the fault to one rank of a distributed run.
+call of a reward model), "push" / "pushed" (at the start / the end of its n-th weight push to a vLLM server),
+"tool" (the model's n-th turn parsed as a call of the tool slow_add, the action sent mid-call). action: "TERM" /
+"INT" / "INT2" (signals sent to this process; INT2 sends SIGINT twice), "KILL", "remount_ro" (output_dir made
+read-only by a bind mount), "rmtree_checkpoints" (every checkpoint-* folder deleted), "rmtree_output"
+(output_dir deleted), "oom" (torch.OutOfMemoryError), "stall" (sleep an hour), "restart_server" (the vLLM
+server, RLOO_FAULT_SERVER_PID, killed and started again on the same port from RLOO_FAULT_SERVER_CMD: it then
+serves the weights it starts with). RLOO_FAULT_RANK limits the fault to one rank of a distributed run.
 The reward functions below fault on their own (their names say how) on the n-th batch, RLOO_FAULT_BATCH.
 """
 
@@ -88,6 +91,22 @@ def rank_raises(completions, **kwargs):
     return digit_fraction(completions)
 
 
+def slow_add(a: int, b: int) -> int:
+    """Add two integers (a tool that takes 2 s: RLOO_FAULT_TOOL_SIGNAL, TERM or INT2, arrives in its middle).
+
+    Args:
+        a: the first integer
+        b: the second integer
+    """
+    signal_name = os.environ.get("RLOO_FAULT_TOOL_SIGNAL")
+    if signal_name and not _calls.get("signalled"):
+        _calls["signalled"] = True
+        time.sleep(0.5)
+        _act(signal_name)
+    time.sleep(1.5)
+    return a + b
+
+
 def _output_dir() -> Path:
     return Path(sys.argv[sys.argv.index("--output_dir") + 1])
 
@@ -114,22 +133,61 @@ def _act(action: str) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
     elif action == "stall":
         time.sleep(3600)
+    elif action == "restart_server":
+        _restart_server()
+
+
+def _restart_server() -> None:
+    import json
+    import urllib.request
+
+    url, cmd = os.environ["RLOO_FAULT_SERVER_URL"], json.loads(os.environ["RLOO_FAULT_SERVER_CMD"])
+    os.kill(int(os.environ["RLOO_FAULT_SERVER_PID"]), signal.SIGKILL)
+    time.sleep(1.0)  # its port free again
+    env = {**os.environ, "RLOO_FAULT_TAG": os.environ["RLOO_FAULT_SERVER_TAG"], "RLOO_SERVER_FAULT": "",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(_output_dir().parent / "restarted-server.log", "w") as log:
+        subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5):
+                return
+        except OSError:
+            time.sleep(2)
+    raise RuntimeError(f"the restarted vLLM server at {url} did not answer within 900 s")
 
 
 def _arm(point: str, count: int, action: str) -> None:
     from rloo import evaluation, update
+    from rloo.generation import vllm_client
     from rloo.rewards import reward_model
     from rloo.run import checkpoint
 
+    if point == "tool":  # the model's n-th turn is a call of slow_add, whatever it wrote (a tiny model writes none)
+        from rloo.tools.formats import CallFormat
+        from rloo.tools.parsing import ToolCall
+
+        parse, turns = CallFormat.parse, [0]
+
+        def forced(self, text):
+            turns[0] += 1
+            content, calls = parse(self, text)
+            return (content, [ToolCall("slow_add", {"a": 1, "b": 2})]) if turns[0] == count else (content, calls)
+
+        CallFormat.parse = forced
+        os.environ["RLOO_FAULT_TOOL_SIGNAL"] = action
+        return
     targets = {"step": (update.Learner, "step"), "eval": (evaluation, "evaluate"), "save": (checkpoint, "_fsync_tree"),
-               "reward_model": (reward_model.RewardModel, "__call__")}
+               "reward_model": (reward_model.RewardModel, "__call__"), "push": (vllm_client.HTTPEngine, "load_weights"),
+               "pushed": (vllm_client.HTTPEngine, "load_weights")}
     owner, name = targets[point]
     original = getattr(owner, name)
     calls = [0]
 
     @functools.wraps(original)  # the same signature: a reward model is still passed only what it takes
     def wrapped(*args, **kwargs):
-        after = point == "step"
+        after = point in ("step", "pushed")
         result = original(*args, **kwargs) if after else None
         calls[0] += 1
         if calls[0] == count:

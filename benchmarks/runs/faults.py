@@ -9,28 +9,35 @@ found afterwards by scanning /proc (`left behind`; they are then killed). A run 
 hang (killed). `lost`: complete checkpoints written before the fault that no longer verify (their manifest's
 sizes and SHA-256), plus, where the fault is one a run must survive by resuming, a resumed run whose final
 weights differ from an unfaulted run's. The storage faults use a size-limited tmpfs as output_dir (root only;
-skipped otherwise). The distributed ones run 2 CPU processes under torchrun. Ends with one line:
+skipped otherwise). The distributed ones run 2 CPU processes under torchrun. The vLLM ones train against
+`rloo vllm-serve` on vLLM's CPU engine (benchmarks/runs/fault_server.py, in the venv scripts/test_vllm.sh builds,
+or RLOO_VLLM_PYTHON; skipped without it), started before the run and killed after it (the server is the
+harness's, and so is one a fault restarts: neither counts as left behind). Ends with one line:
 `faults: N injected, H hangs, L lost, P left behind`.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "benchmarks" / "runs" / "fault_run.py"
+SERVER = ROOT / "benchmarks" / "runs" / "fault_server.py"
 TAG = "RLOO_FAULT_TAG"
 
 # A tiny run: 6 optimizer steps of 8 completions, a checkpoint every 2, an evaluation every 3.
@@ -54,6 +61,8 @@ class Fault:
     resume: bool = False  # resume the faulted run to the end; its weights must equal an unfaulted run's
     processes: int = 1  # 2: torchrun with 2 CPU processes
     env: dict[str, str] = field(default_factory=dict)
+    server: str | None = None  # train against a vLLM server with this RLOO_SERVER_FAULT ("": none); None: no server
+    server_timeout: float = 120.0  # the run's vllm_server_timeout
 
 
 def faults() -> list[Fault]:
@@ -109,14 +118,35 @@ def faults() -> list[Fault]:
               expect_exit=(130,), expect=r"second signal", resume=True),
         Fault("SIGTERM with async rollouts", "step 3, sampler running", fault="step:3:TERM", flags=async_flags,
               expect_exit=(143,), expect=r"resume_from_checkpoint latest"),
+        Fault("SIGTERM during a tool call", "tool call, turn 3", fault="tool:3:TERM", expect_exit=(143,),
+              expect=r"resume_from_checkpoint latest"),
+        Fault("second SIGINT during a tool call", "tool call, turn 3", fault="tool:3:INT2", expect_exit=(130,),
+              expect=r"second signal"),
         # --- distributed: 2 CPU processes under torchrun ---
         Fault("rank 1 SIGKILLed", "rank 1, step 2", fault="step:2:KILL", processes=2, env={"RLOO_FAULT_RANK": "1"},
               expect_exit=(1,), expect=r"rank 1|local_rank: 1"),
         Fault("rank 1 reward raises", "rank 1 reward fn, batch 2", "rank_raises", processes=2,
               env={"RLOO_FAULT_RANK": "1"}, expect_exit=(1,), expect=r"rank 1's reward parser"),
         Fault("rank 1 stalls", "rank 1, after step 2", fault="step:2:stall", processes=2,
-              env={"RLOO_FAULT_RANK": "1"}, flags=["--ddp_timeout", "20"], expect_exit=(1,), expect=r"rank",
-              deadline=180.0),
+              env={"RLOO_FAULT_RANK": "1"}, flags=["--ddp_timeout", "20"], expect_exit=(1,),
+              expect=r"rank 1 \(last at 'rollout 1' \d+ s ago\) stopped making progress", deadline=180.0),
+        # --- the vLLM server (rloo vllm-serve on vLLM's CPU engine) ---
+        Fault("vLLM server killed mid-generation", "server, generation 3", server="generate:3:KILL", expect_exit=(1,),
+              expect=r"closed the connection during POST /generate", deadline=300.0),
+        Fault("vLLM server killed mid-push", "server, weight push 2", server="push:2:KILL", expect_exit=(1,),
+              expect=r"closed the connection during POST /weights", deadline=300.0),
+        Fault("vLLM engine raises (Encoder cache miss)", "server's model step, generation 3",
+              server="generate:3:raise", expect_exit=(1,), deadline=300.0,
+              expect=r"engine of this server failed during a generation \(ValueError: Encoder cache miss"),
+        Fault("vLLM engine raises mid-load", "server's weight load, push 2", server="push:2:raise", expect_exit=(1,),
+              expect=r"engine of this server failed during the load of weight push", deadline=300.0),
+        Fault("vLLM server SIGSTOPped", "server, generation 3", server="generate:3:STOP", server_timeout=10.0,
+              expect_exit=(1,), expect=r"did not answer POST /generate within vllm_server_timeout=10", deadline=300.0),
+        Fault("vLLM server restarted between steps", "after weight push 3 (killed, started again)", server="",
+              fault="pushed:3:restart_server", expect_exit=(1,), deadline=600.0,
+              expect=r"generated with weights version 'boot-\w+', not '\w+' \(the trainer's last weight push\)"),
+        Fault("SIGTERM during a vLLM weight push", "trainer, weight push 3", server="", fault="push:3:TERM",
+              expect_exit=(143,), expect=r"resume_from_checkpoint latest", deadline=300.0),
     ]
 
 
@@ -128,6 +158,7 @@ def setup(work: Path) -> None:
     import transformers
 
     from rloo.toy import build_char_tokenizer, build_tiny_model
+    from rloo.toy.tool_task import build_tool_tokenizer
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, seed=0, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -139,20 +170,86 @@ def setup(work: Path) -> None:
                                       num_labels=1, pad_token_id=tokenizer.pad_token_id)
     transformers.Qwen2ForSequenceClassification(config).save_pretrained(work / "reward_model")
     tokenizer.save_pretrained(work / "reward_model")
+    model = build_tiny_model(tokenizer, seed=0, hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
+                             intermediate_size=256, max_position_embeddings=512)  # a head size vLLM's CPU engine takes
+    model.save_pretrained(work / "vllm_model")
+    tokenizer.save_pretrained(work / "vllm_model")
     rows = [{"prompt": f"{a}+{b}="} for a in range(8) for b in range(8)]
     (work / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tool_tokenizer = build_tool_tokenizer()  # a chat template that renders tools and tool calls
+    build_tiny_model(tool_tokenizer, seed=0, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                     intermediate_size=64).save_pretrained(work / "tool_model")
+    tool_tokenizer.save_pretrained(work / "tool_model")
+    chats = [{"prompt": [{"role": "user", "content": row["prompt"]}]} for row in rows]
+    (work / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chats))
 
 
-def command(work: Path, fault: Fault, output_dir: Path, resume: bool = False) -> list[str]:
+def command(work: Path, fault: Fault, output_dir: Path, resume: bool = False, url: str = "") -> list[str]:
     reward = f"model:{work / 'reward_model'}" if fault.reward == "model" else f"{RUNNER}:{fault.reward}"
-    flags = ["--model_name_or_path", str(work / "model"), "--dataset_name", str(work / "data.jsonl"),
+    tools = fault.fault.startswith("tool:")
+    model = work / ("vllm_model" if url else "tool_model" if tools else "model")
+    flags = ["--model_name_or_path", str(model), "--dataset_name", str(work / ("chat.jsonl" if tools else "data.jsonl")),
              "--reward_funcs", reward, "--output_dir", str(output_dir), *BASE_FLAGS, *fault.flags]
+    if tools:
+        flags += ["--tools", f"{RUNNER}:slow_add", "--max_completion_length", "24"]
+    if url:
+        flags += ["--sampler", "vllm", "--vllm_mode", "server", "--vllm_server_base_url", url,
+                  "--vllm_server_timeout", str(fault.server_timeout)]
     if resume:
         flags += ["--resume_from_checkpoint", "latest"]
     if fault.processes > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(fault.processes),
                 "--master_port", str(29500 + os.getpid() % 1000), str(RUNNER), *flags]
     return [sys.executable, str(RUNNER), *flags]
+
+
+# ------------------------------------------------------------------ the vLLM server
+
+
+def vllm_python() -> Path | None:
+    """The vLLM venv's python: RLOO_VLLM_PYTHON, else the venv scripts/test_vllm.sh builds (None: not built)."""
+    if os.environ.get("RLOO_VLLM_PYTHON"):
+        return Path(os.environ["RLOO_VLLM_PYTHON"])
+    digest = hashlib.sha256((ROOT / "scripts" / "vllm-requirements.txt").read_bytes()).hexdigest()[:12]
+    venv = Path(os.environ.get("RLOO_VLLM_VENV", Path.home() / ".cache" / "rloo" / f"vllm-venv-{digest}"))
+    return venv / "bin" / "python" if (venv / ".complete").is_file() else None
+
+
+def start_server(work: Path, fault: Fault, tag: str, log: Path) -> tuple[list[str], int, str]:
+    """Start fault_server.py (the fault armed) on a free port; wait for its /health. (command, pid, URL)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [str(vllm_python()), str(SERVER), "--model", str(work / "vllm_model"), "--port", str(port),
+           "--dtype", "float32", "--max_model_length", "64"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", TAG: tag, "RLOO_SERVER_FAULT": fault.server or "",
+           "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT / "src")}
+    with open(log, "w") as out:
+        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while not server_answers(url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the vLLM fault server did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(2)
+    return cmd, process.pid, url
+
+
+def server_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def kill_tagged(tag: str) -> None:
+    for pid in tagged_processes(tag):
+        for signum in (signal.SIGCONT, signal.SIGKILL):  # a stopped server too
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
 
 
 # ------------------------------------------------------------------ processes
@@ -273,6 +370,16 @@ def run_fault(fault: Fault, work: Path, straight: dict[tuple, Path], checkpoint_
     if fault.processes > 1:
         env["ACCELERATE_USE_CPU"] = "1"
     output_dir = output_dir_of(work, fault)
+    url = ""
+    if fault.server is not None:
+        if vllm_python() is None:
+            return Row(fault.name, fault.where, 0.0, "-", "skipped: no vLLM venv (bash scripts/test_vllm.sh builds it)",
+                       0, 0, False, True, "skipped")
+        (work / "runs").mkdir(exist_ok=True)
+        server_cmd, server_pid, url = start_server(work, fault, tag + "-server", output_dir.parent /
+                                                   f"{output_dir.name}.server.log")
+        env.update(RLOO_FAULT_SERVER_CMD=json.dumps(server_cmd), RLOO_FAULT_SERVER_TAG=tag + "-server",
+                   RLOO_FAULT_SERVER_URL=url, RLOO_FAULT_SERVER_PID=str(server_pid))
     mounted = False
     if fault.tmpfs_kb is not None:
         mounted = mount_tmpfs(output_dir, fault.tmpfs_kb or int(checkpoint_kb * 1.5))
@@ -280,10 +387,11 @@ def run_fault(fault: Fault, work: Path, straight: dict[tuple, Path], checkpoint_
             return Row(fault.name, fault.where, 0.0, "-", "skipped: cannot mount a tmpfs (not root?)", 0, 0, False, True,
                        "skipped")
     try:
-        status, seconds, output = run_process(command(work, fault, output_dir), env, fault.deadline,
+        status, seconds, output = run_process(command(work, fault, output_dir, url=url), env, fault.deadline,
                                               output_dir.parent / f"{output_dir.name}.log")
         time.sleep(1.0)  # a launcher's grace period for its other workers
         left = tagged_processes(tag)
+        kill_tagged(tag + "-server")  # the harness's server (and one the fault restarted): not the run's to end
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)

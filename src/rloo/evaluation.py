@@ -10,8 +10,9 @@ over prompts. `pass@k` is the weighted reward's; `rewards/{name}/pass@k` each bi
 With tools or environments, `tools/call_frequency` and `tools/failure_frequency` as in training.
 
 Given a `samples` list, `evaluate` also fills it with one row per scored sample, in the eval set's order:
-its row `index`, prompt, completion (a trajectory as its messages), each reward function's value and the weighted
-`score` (eval_completions.jsonl from `RLOOTrainer.evaluate` with log_completions; eval_samples.jsonl from `rloo eval`).
+its row `index`, prompt, completion (a trajectory as its messages, then its `turns` records), each reward function's
+value and the weighted `score` (eval_completions.jsonl from `RLOOTrainer.evaluate` with log_completions;
+eval_samples.jsonl from `rloo eval`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 from rloo.data.schedule import select_rows
 from rloo.generation.base import SampledBatch, model_token_mask
 from rloo.rewards.scoring import reward_function_metrics
-from rloo.run.metrics import length_metrics, reward_cells
+from rloo.run.metrics import length_metrics, reward_cells, with_turns
 
 
 def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
@@ -107,13 +108,15 @@ def eval_metrics(scores: torch.Tensor, per_function: torch.Tensor, names: Sequen
 
 
 def sample_rows(indices: Sequence[int], num_generations: int, prompts: Sequence[Any], completions: Sequence[Any],
-                reward_names: Sequence[str], scored: Any, label: dict[str, Any]) -> list[dict[str, Any]]:
+                reward_names: Sequence[str], scored: Any, label: dict[str, Any],
+                turns: Sequence[Any] | None = None) -> list[dict[str, Any]]:
     """One row per sample of the prompts at dataset `indices` (K samples each, contiguous): `label`'s fields, index,
-    sample number, prompt, completion, each function's value (None where it did not apply) and the weighted score."""
+    sample number, prompt, completion, a trajectory's `turns` (`Samples.turn_records`: each turn's text, tool calls
+    and results), each function's value (None where it did not apply) and the weighted score."""
     rows = []
     for b, (prompt, completion) in enumerate(zip(prompts, completions)):
         rows.append({**label, "index": indices[b // num_generations], "sample": b % num_generations, "prompt": prompt,
-                     "completion": completion, **reward_cells(reward_names, scored.per_function[b]),
+                     "completion": completion, **with_turns(turns, b), **reward_cells(reward_names, scored.per_function[b]),
                      "score": float(scored.scores[b])})
     return rows
 
@@ -169,7 +172,7 @@ def evaluate(collector: Any, dataset: Any, reward_names: Sequence[str], num_gene
         if samples is not None:
             label = {"step": global_step, **({} if eval_set is None else {"eval_set": eval_set})}
             rows_scored += sample_rows(indices[start : start + len(rows)], num_generations, texts.prompts,
-                                       texts.shown(), reward_names, scored, label)
+                                       texts.shown(), reward_names, scored, label, texts.turn_records())
         shape = (len(rows), num_generations)
         parts["scores"].append(scored.scores.float().cpu().view(shape))
         parts["per_function"].append(scored.per_function.float().cpu().view(*shape, -1))

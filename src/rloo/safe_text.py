@@ -11,8 +11,9 @@ surrogates (from a JSON file) that no terminal encoding accepts. Shown raw, such
 - `console_text(value)`: a rich `Text` of `visible(display(value))`: rich never reads markup or emoji
   codes in a `Text`, so the cell shows exactly the characters.
 - `display(value)`: how a value reads: a chat prompt as its turns (`user: ...` lines; a multi-turn
-  trajectory's tool calls as `call ▸ add {...}` and tool results as `tool ▸ add → 5`), a float to 4
-  significant digits, anything else as `str`.
+  trajectory's tool calls as `call ▸ add {...}` and tool results as `tool ▸ add → 5`), a trajectory's turn
+  records (`rollout.turn_records`, as JSON) turn by turn (`trajectory_text`), a float to 4 significant digits,
+  anything else as `str`.
 - `html_text(value)`: `display`, `visible`, then `html.escape`: for `rloo report`.
 - `tracker_text(value)`: the raw text, only with lone surrogates escaped so that every tracker can
   encode it (TensorBoard and W&B take the text as it is; they render and sanitise it themselves).
@@ -95,13 +96,54 @@ def chat_turns(messages: list[Any]) -> str:
     return "\n".join(lines)
 
 
+def call_text(call: Any) -> str:
+    """A turn record's tool call as `name(a=2, b="x")` (argument values as JSON); a malformed call as why it is."""
+    call = call if isinstance(call, dict) else {}
+    if call.get("error"):
+        return f"malformed: {call['error']}"
+    arguments = call.get("arguments")
+    if isinstance(arguments, dict):
+        arguments = ", ".join(f"{key}={json.dumps(value, ensure_ascii=False, default=str)}" for key, value in arguments.items())
+    return f"{call.get('name', '?')}({'' if arguments is None else arguments})"
+
+
+def result_text(result: Any) -> str:
+    """A turn record's tool result: `result → 5`, `error → {"error": ...}` for a failed call, or that it has none."""
+    if not isinstance(result, dict):
+        return "no result (the trajectory ended with this call)"
+    return f"{'error' if result.get('error') else 'result'} {RESULT_MARK} {result.get('content', '')}"
+
+
+def trajectory_text(turns: list[Any]) -> str:
+    """A trajectory's turn records (`rollout.turn_records.TurnRecord.as_json`) turn by turn: `turn k assistant: text`, then
+    each call of that turn as `  call ▸ add(a=2, b=3)` and its result as `  result → 5` (a failed call's as
+    `  error → ...`), so that the model's words, its calls and what the tools returned never read as one another."""
+    lines = []
+    for record in turns:
+        record = record if isinstance(record, dict) else {"role": "assistant", "text": str(record)}
+        if record.get("role") == "tool":
+            lines += [f"  call {CALL_MARK} {call_text(record.get('tool_call'))}", f"  {result_text(record.get('tool_result'))}"]
+        else:
+            lines.append(f"turn {record.get('turn', '?')} {record.get('role', '?')}: {record.get('text', '')}")
+    return "\n".join(lines)
+
+
+def is_trajectory(value: Any) -> bool:
+    """A list of turn records (each a dict with "turn" and "role"): `trajectory_text` shows it."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(r, dict) and "turn" in r and "role" in r for r in value)
+
+
 def is_conversation(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(
         isinstance(m, dict) and "role" in m for m in value)
 
 
 def display(value: Any) -> str:
-    """How a value reads in a table: a conversation as its turns, a float to 4 significant digits."""
+    """How a value reads in a table: a trajectory's turn records or a conversation as its turns, a float to 4
+    significant digits."""
+    if is_trajectory(value):
+        return trajectory_text(list(value))
     if is_conversation(value):
         return chat_turns(list(value))
     if isinstance(value, float):

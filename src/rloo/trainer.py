@@ -35,7 +35,7 @@ from rloo.config import ConfigError, RLOOConfig
 from rloo.data.dataset_rows import check_prompts, named_eval_sets, train_rows
 from rloo.data.prompts import check_vocabulary
 from rloo.data.schedule import select_rows
-from rloo.distributed import sharding
+from rloo.distributed import heartbeat, sharding
 from rloo.event_loop import EventLoop
 from rloo.generation.base import Sampler
 from rloo.passes import reference_sync
@@ -186,7 +186,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         one in output_dir (a fresh start when there is none). SIGTERM or SIGINT stops the loop after
         the current rollout's optimizer steps with a checkpoint (`self.stopped_by` names the signal).
         """
-        with StopSignals() as self._signals:
+        with StopSignals() as self._signals, heartbeat.Heartbeat.for_process_group(self.args.ddp_timeout) as self.heartbeat:
             self.rollouts.start()  # async_rollouts' sampler starts here, on a copy of the current weights
             try:
                 return self._train(resume_from_checkpoint)
@@ -218,6 +218,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                 step_stats = self.learner.step(mini_batch)
                 self.sampler.on_optimizer_step(acc.unwrap_model(self.model))
                 self.global_step += 1
+                self.heartbeat.beat(f"after optimizer step {self.global_step}")
                 empty_device_cache_every(self.global_step, args.torch_empty_cache_steps)
                 self._sync_reference()
                 self.callback_handler.advance(self.global_step, self.epoch, self.episode)
@@ -236,7 +237,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
                     self._log_eval()
                 if args.save_steps > 0 and self.global_step % args.save_steps == 0:
                     checkpoint.save_checkpoint(acc, self.model, self.processing_class, args, self.global_step,
-                                               rollout_index, self.episode, self.run_id)
+                                               rollout_index, self.episode, self.run_id, self.rollouts.state())
                     self.callback_handler.event("on_save")
                 if is_last:
                     break
@@ -308,6 +309,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
             return 0
         state = checkpoint.load_checkpoint(acc, self.model, path, args)
         self.global_step, self.episode = state["global_step"], state["episode"]
+        self.rollouts.restore(state["rollout_state"])  # async_rollouts: what its sampler sampled the next rollout with
         if acc.is_main_process:
             tqdm.write(safe_text.visible(f"rloo: resuming from {path.name} (step {self.global_step} of {self.total_steps})."))
         self.run_id = state.get("run_id") or self.run_id
@@ -329,7 +331,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         path = Path(args.output_dir) / f"checkpoint-{self.global_step}"
         if checkpoint.read_state(path) is None or checkpoint.read_state(path).get("run_id") != self.run_id:
             path = checkpoint.save_checkpoint(self.accelerator, self.model, self.processing_class, args, self.global_step,
-                                              rollout_index, self.episode, self.run_id)
+                                              rollout_index, self.episode, self.run_id, self.rollouts.state())
         self.stopped_by = signal_name or "a signal on another process"
         if self.accelerator.is_main_process:
             tqdm.write(safe_text.visible(f"rloo: stopped by {self.stopped_by} at step {self.global_step}/{self.total_steps}; "
@@ -342,7 +344,7 @@ class RLOOTrainer(trainer_api.TrainerAPI):
     def _collect_rollout(self, rollout_index: int) -> tuple[Rollout, Samples, dict[str, float]]:
         """Steps 1-4 from the rollout source, with its metrics (dynamic_sampling/*, async/*). Its seconds join
         the next optimizer step's step_time, as TRL counts generation in the step that triggers it."""
-        with self.learner.timed_wait():
+        with self.learner.timed_wait(), self.heartbeat.after(f"rollout {rollout_index}"):  # (heartbeat: once collected)
             return self.rollouts.next(rollout_index, self.global_step, self.episode)
 
     def _log(self, window: dict[str, float], eps: float, samples: Samples, rollout: Rollout) -> dict[str, float]:
@@ -360,7 +362,8 @@ class RLOOTrainer(trainer_api.TrainerAPI):
         if self.args.log_completions:
             rows = completion_rows(samples.prompts, samples.shown(), [fn.name for fn in self.reward_functions],
                                    rollout.reward_columns, rollout.scores.tolist(), rollout.advantages.tolist(),
-                                   self.global_step, self.args.num_completions_to_print, samples.extra)
+                                   self.global_step, self.args.num_completions_to_print, samples.extra,
+                                   samples.turn_records())
             self.logger.log_completions(rows, self.global_step)
         return metrics
 

@@ -55,3 +55,49 @@ def test_push_to_hub_true_pushes_after_training(tmp_path, model_dir, monkeypatch
           "--hub_model_id", "me/tiny"])
     assert pushed == [(str(out), "me/tiny")] and (out / "README.md").exists()
     assert "Pushed" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ GRPOConfig's own fields (issue #47)
+
+
+def test_grpo_fields_are_flags_and_yaml_keys_answered_as_in_python(tmp_path, caplog, monkeypatch):
+    """`rloo train --loss_type ... --scale_rewards ...` (and the same keys in YAML) are mapped, accepted or refused
+    as `RLOOConfig(loss_type=...)` answers them in Python, never "unknown flag"; every GRPOConfig field is a flag."""
+    import logging
+
+    from rloo.cli.parser import build_train_parser
+    from rloo.compat import grpo_fields
+    from rloo.config import ConfigError
+
+    flags = build_train_parser()._option_string_actions
+    assert [name for name in grpo_fields.GRPO_FIELDS if f"--{name}" not in flags] == []
+    yaml_file = tmp_path / "grpo.yaml"
+    yaml_file.write_text("loss_type: grpo\nvllm_importance_sampling_clip_max: 2.5\n"
+                         "multi_objective_aggregation: sum_then_normalize\n")
+    monkeypatch.setattr(grpo_fields, "_announced", set())
+    with caplog.at_level(logging.WARNING, logger="rloo.compat.grpo_fields"):
+        _, config, _ = parse_train_args(["--config", str(yaml_file), "--scale_rewards", "none"])
+    assert (config.loss_agg_mode, config.advantage_estimator, config.vllm_importance_sampling_cap) == (
+        "seq-mean-token-mean", "drgrpo", 2.5)
+    assert config.loss_type == "grpo"
+    [announced] = [r.getMessage() for r in caplog.records]  # a ported GRPO config: the defaults that differ, once
+    assert "GRPOConfig fields (loss_type, multi_objective_aggregation, scale_rewards" in announced
+    assert "beta: 0.05 (GRPOConfig: 0.0)" in announced
+    for argv, message in [(["--delta", "1.5"], r"`delta=1.5` is a field of TRL's GRPOConfig: .* Instead: epsilon"),
+                          (["--scale_rewards", "batch"], r"`scale_rewards='batch'` is a field of TRL's GRPOConfig"),
+                          (["--top_entropy_quantile", "0.2"], r"is a field of TRL's GRPOConfig: training only")]:
+        with pytest.raises(ConfigError, match=message):
+            parse_train_args(argv)
+
+
+def test_a_plain_rloo_config_from_the_cli_announces_nothing(tmp_path, caplog, monkeypatch):
+    import logging
+
+    from rloo.compat import grpo_fields
+
+    monkeypatch.setattr(grpo_fields, "_announced", set())
+    yaml_file = tmp_path / "rloo.yaml"
+    yaml_file.write_text("beta: 0.0\nnum_generations: 4\nloss_agg_mode: token-mean\n")
+    with caplog.at_level(logging.WARNING, logger="rloo.compat.grpo_fields"):
+        parse_train_args(["--config", str(yaml_file), "--learning_rate", "1e-5", "--push_to_hub", "false"])
+    assert caplog.records == []

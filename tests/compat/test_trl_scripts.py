@@ -265,6 +265,19 @@ def test_trl_parser_unknown_keys(tmp_path, caplog):
         TrlParser(dataclasses.make_dataclass("Bad", [("config", str, dataclasses.field(default=""))]))
 
 
+def test_trl_parser_takes_grpo_config_s_own_fields(tmp_path):
+    """A GRPO script's TrlParser((ScriptArguments, GRPOConfig, ModelConfig)) with rloo's RLOOConfig: GRPOConfig's own
+    fields are flags and YAML keys, answered as in Python (compat/grpo_fields.py)."""
+    config = tmp_path / "grpo.yaml"
+    config.write_text("loss_type: dr_grpo\n")
+    parser = TrlParser((ScriptArguments, RLOOConfig, ModelConfig))
+    _, config_, _ = parser.parse_args_and_config(["--config", str(config), "--scale_rewards", "none",
+                                                  "--output_dir", str(tmp_path / "run")])
+    assert (config_.loss_agg_mode, config_.advantage_estimator) == ("seq-mean-token-sum-norm", "drgrpo")
+    with pytest.raises(ConfigError, match=r"`delta=1.5` is a field of TRL's GRPOConfig"):
+        parser.parse_args_and_config(["--delta", "1.5"])
+
+
 def test_get_dataset_mixture_fractions_columns_and_test_split(tmp_path):
     _write_jsonl(tmp_path / "a.jsonl", 10)
     Dataset.from_list([{"prompt": f"q{i}", "solution": "x", "extra": i} for i in range(4)]).to_json(tmp_path / "b.jsonl")

@@ -2,9 +2,10 @@
 its deadline, with its exit status and message, no complete checkpoint damaged, the resumable ones resuming to the
 unfaulted run's weights bit for bit, and no process of its tree left behind (found by /proc, from outside).
 
-Each run is a subprocess of 10-30 s (a stalled rank: ddp_timeout plus torchrun's grace, about 80 s). The storage
-faults need root (a tmpfs as
-output_dir) and are skipped without it; tests/faults/test_disk_full.py covers the full disk in-process."""
+Each run is a subprocess of 10-30 s (a stalled rank: ddp_timeout plus torchrun's grace, about 80 s; a vLLM server
+fault: the server's start, about a minute, more). The storage faults need root (a tmpfs as output_dir) and are
+skipped without it, the vLLM ones the venv scripts/test_vllm.sh builds; tests/faults/test_disk_full.py covers the
+full disk in-process, tests/faults/test_server_engine_faults.py the server's guards without vLLM."""
 
 import os
 import sys
@@ -18,7 +19,8 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "runs"))
 import faults  # noqa: E402  (benchmarks/runs/faults.py)
 
 FAULTS = {fault.name: fault for fault in faults.faults()}
-# 26 runs of 10-80 s each (about 15 minutes on 2 cores): the harness tier, left out of the README's test command
+# 35 runs of 10-80 s each, the vLLM server ones a server start more (about 30 minutes on 2 cores): the harness tier,
+# left out of the README's test command
 # (scripts/run_tests.sh runs -m "not harness"); each guard also has a quick test of its own in tests/faults/.
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
@@ -50,6 +52,8 @@ def test_the_fault_ends_the_run_cleanly(name, work, straight):
         pytest.skip("a tmpfs output_dir needs root")
     if fault.processes > 1 and os.environ.get("RLOO_SKIP_DISTRIBUTED"):
         pytest.skip("RLOO_SKIP_DISTRIBUTED is set")
+    if fault.server is not None and faults.vllm_python() is None:
+        pytest.skip("no vLLM venv for the server (bash scripts/test_vllm.sh builds it)")
     runs = straight(fault) if fault.resume or fault.tmpfs_kb == 0 else {}
     checkpoint_kb = 0
     if fault.tmpfs_kb == 0:

@@ -8,9 +8,11 @@ Run by scripts/test_vllm.sh; skipped where vLLM is not installed, except with RL
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,10 +26,11 @@ from test_vllm_engine import PROMPTS, K, max_logprob_gap, policy_logprobs, tiny_
 
 from conftest import digit_fraction, free_port  # noqa: E402
 from rloo import RLOOConfig, RLOOTrainer  # noqa: E402
-from rloo.generation.vllm import VLLMSampler  # noqa: E402
+from rloo.generation.vllm import VLLMSampler, policy_weights  # noqa: E402
 from rloo.generation.vllm_client import HTTPEngine, ServerError  # noqa: E402
 
 TOKEN = "test-token-1234"
+PROCESSES: dict[str, subprocess.Popen] = {}  # the server process of each URL `serving` yields
 
 
 @contextlib.contextmanager
@@ -52,9 +55,11 @@ def serving(folder):
             time.sleep(2)
     previous = os.environ.get("RLOO_VLLM_TOKEN")
     os.environ["RLOO_VLLM_TOKEN"] = TOKEN
+    PROCESSES[url] = process
     try:
         yield url
     finally:
+        PROCESSES.pop(url, None)
         if previous is None:
             os.environ.pop("RLOO_VLLM_TOKEN")
         else:
@@ -126,3 +131,31 @@ def test_async_rollouts_against_a_local_server(server, tmp_path, digit_dataset):
     print(f"server, async: engine vs sampling-weights gap per step {gaps}")
     assert [line["async/staleness"] for line in steps] == [0, 1, 1, 1]
     assert max(gaps) < 1e-4
+
+
+def test_generations_are_checked_against_the_pushed_weights_and_a_stopped_server_ends_at_the_deadline(server):
+    """Issue #48, on the shared server: every /generate reply names the weights version the engine sampled with,
+    which the client checks against its last push; a SIGSTOPped server (sockets open, nothing answers) ends the
+    client at its own deadline, vllm_server_timeout. The costlier server faults (killed, the engine failing,
+    restarted with other weights) are rows of benchmarks/runs/faults.py and tests/generation/test_vllm_server_faults.py
+    (harness tier); tests/faults/test_server_engine_faults.py holds their guards without vLLM."""
+    model, tokenizer, url = server
+    client = HTTPEngine.build(SimpleNamespace(vllm_server_base_url=url, vllm_server_timeout=120.0))
+    assert client.weights_version  # "boot-..." or the last push of an earlier test: what the server holds
+    client.load_weights(policy_weights(model))
+    pushed = client.weights_version
+    assert pushed and not pushed.startswith("boot-")
+    client.generate([[5, 6, 7]], 2, {"max_tokens": 3})
+    client.weights_version = "another-push"  # as if the server had since been restarted or pushed to
+    with pytest.raises(ServerError, match=f"generated with weights version '{pushed}', not 'another-push'"):
+        client.generate([[5, 6, 7]], 2, {"max_tokens": 3})
+    process = PROCESSES[url]
+    process.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ServerError, match=f"{url} did not answer GET /health within vllm_server_timeout=2.0 s"):
+            HTTPEngine(url, timeout=2.0, token=TOKEN).call("GET", "/health")
+        assert time.monotonic() - start < 30  # the client's deadline, not the server's
+    finally:
+        process.send_signal(signal.SIGCONT)
+    assert HTTPEngine(url, timeout=60.0, token=TOKEN).call("GET", "/health")["weights_version"] == pushed

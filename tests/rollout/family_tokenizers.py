@@ -75,6 +75,8 @@ def family_tokenizer(name: str):
         tokenizer.bos_token, tokenizer.eos_token = "<bos>", "<eos>"
     if name == "gptoss":
         tokenizer.eos_token = "<|return|>"
+    if name == "glm4moe":
+        tokenizer.eos_token = "<|endoftext|>"
     if name == "deepseek_r1_distill":
         tokenizer.bos_token, tokenizer.eos_token = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
     if base == "llama3":

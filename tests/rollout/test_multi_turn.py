@@ -236,7 +236,8 @@ def test_call_and_failure_frequencies_are_logged(tmp_path):
 
 def test_the_completions_table_file_and_report_show_each_trajectory_turn_by_turn(tmp_path, capsys):
     """log_completions: the console table, completions.jsonl and `rloo report` show the model's turns, its
-    tool calls and the tool results marked (`tool ▸ add → 3`); a tool's markup, escapes and HTML stay inert."""
+    tool calls and the tool results marked (`call ▸ add(a=1, b=2)`, `result → 3`); a tool's markup, escapes and HTML
+    stay inert. (tests/rollout/test_trajectory_view.py: a failed call, eval_samples.jsonl, the report's turns.)"""
     from rloo.run.report import build_report
 
     def note(text: str) -> str:
@@ -262,11 +263,11 @@ def test_the_completions_table_file_and_report_show_each_trajectory_turn_by_turn
         {"role": "tool", "name": "add", "content": "3"},
         {"role": "assistant", "content": "it is done"}]
     assert rows[1]["completion"][1] == {"role": "tool", "name": "note", "content": "[bold]x[/bold] <b>y</b> \x1b[2J"}
-    assert 'call \u25b8 add {"a": 1, "b": 2}' in shown and "tool \u25b8 add \u2192 3" in shown
+    assert "call \u25b8 add(a=1, b=2)" in shown and "result \u2192 3" in shown and 'call \u25b8 note(text="hi")' in shown
     assert "[bold]x[/bold] <b>y</b> \\x1b[2J" in shown and "\x1b" not in shown
     assert "'role'" not in shown and "<tool_response>" not in shown
     page = build_report(tmp_path / "run").read_text(encoding="utf-8")
-    assert "tool \u25b8 add \u2192 3" in page and "[bold]x[/bold] &lt;b&gt;y&lt;/b&gt; \\x1b[2J" in page
+    assert "result \u2192 3" in page and "result \u2192 [bold]x[/bold] &lt;b&gt;y&lt;/b&gt; \\x1b[2J" in page
     assert "<b>y</b>" not in page
 
 
@@ -457,18 +458,23 @@ def _forced_ids(tokenizer, prompt_text):
     return tokenizer.encode(text) + [tokenizer.eos_token_id]
 
 
-def test_fast_sampler_logprobs_across_turns_match_the_training_pass(tmp_path):
+@pytest.mark.parametrize("keep_turn_cache", [True, False], ids=["kept cache", "re-prefill"])
+def test_fast_sampler_logprobs_across_turns_match_the_training_pass(tmp_path, keep_turn_cache):
     """The fast sampler's own log-probs of turn 2, sampled after the tool tokens, are the trainer's log-probs of
-    the same positions in the whole trajectory: the trusted pi_old is right across turns. Its tokens are
-    forced (a tiny random model would not call a tool); its log-probs are its own."""
+    the same positions in the whole trajectory: the trusted pi_old is right across turns, with the cache kept
+    across the call or the trajectory re-prefilled. Its tokens are forced (a tiny random model would not call a
+    tool): a call on the first turn, an answer on the next; its log-probs are its own."""
     from rloo.generation.fast import FastSampler
 
     tokenizer = tool_tokenizer()
 
     class ForcedFastSampler(FastSampler):
-        def sample(self, model, prompts, num_generations, **kwargs):
-            self.forced, self.step = _forced_ids(tokenizer, tokenizer.decode(prompts[0])), 0
-            return super().sample(model, prompts, num_generations, **kwargs)
+        turns = 0
+
+        def _decode_from(self, *args, **kwargs):  # once per turn on either path
+            self.forced, self.step = _forced_ids(tokenizer, "<tool_response>" * self.turns), 0
+            self.turns += 1
+            return super()._decode_from(*args, **kwargs)
 
         def _next_token(self, logits, suppressed=None):
             token = torch.full((logits.shape[0],), self.forced[min(self.step, len(self.forced) - 1)])
@@ -476,11 +482,12 @@ def test_fast_sampler_logprobs_across_turns_match_the_training_pass(tmp_path):
             log_probs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
             return token, log_probs.gather(1, token.unsqueeze(1)).squeeze(1)
 
-    sampler = ForcedFastSampler(pad_token_id=0, eos_token_ids=[tokenizer.eos_token_id], max_new_tokens=200)
+    sampler = ForcedFastSampler(pad_token_id=0, eos_token_ids=[tokenizer.eos_token_id], max_new_tokens=200,
+                                keep_turn_cache=keep_turn_cache)
     trainer = RLOOTrainer(model=_model(tokenizer), reward_funcs=[contains_answer], args=_config(tmp_path),
                           train_dataset=_dataset(), processing_class=tokenizer, sampler=sampler, tools=[add])
     sampled, episodes = trainer.collector.sample_rows(trainer.train_dataset.select(range(2)).to_list())
-    assert episodes.tool_calls == 4 and sampled.logprobs_from_policy
+    assert episodes.tool_calls == 4 and sampled.logprobs_from_policy and sampler.turns == 2
     recomputed = trainer.collector.logprobs(trainer.model, sampled)
     model_tokens = (sampled.completion_mask * sampled.tool_mask).bool()
     assert (sampled.tool_mask == 0).any()

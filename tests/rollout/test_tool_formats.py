@@ -14,8 +14,9 @@ from tool_chat import ScriptedSampler, tool_tokenizer
 
 from rloo import RLOOConfig, RLOOTrainer
 from rloo.config import ConfigError
-from rloo.tools import prepare_tool_calls, tool_schemas
+from rloo.tools import prepare_tool_calls, tool_schemas, tool_suffix_ids
 from rloo.tools.formats import FORMATS, call_format, cast_arguments, rendered_call_turn
+from rloo.tools.rendering import call_turn_ending
 from rloo.toy import build_tiny_model
 
 
@@ -33,7 +34,7 @@ SCHEMAS = tool_schemas([add])
 READ = {  # template -> the format rloo reads it in
     "qwen2_5": "hermes", "qwen3": "hermes", "qwen3_5_think": "qwen-xml", "qwen3_6": "qwen-xml",
     "nemotron_3_nano": "qwen-xml", "llama3_1": "llama3-json", "llama3_2": "llama3-json", "lfm2_2_5": "pythonic",
-    "gptoss": "harmony", "gemma4": "gemma4",
+    "gptoss": "harmony", "gemma4": "gemma4", "glm4moe": "glm-xml",
 }
 
 
@@ -57,7 +58,7 @@ def test_each_family_s_call_round_trips_through_parse_and_render(family):
     assert "tool_call" not in content and "75001" not in content
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_5_think", "lfm2_2_5", "gemma4"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5_think", "lfm2_2_5", "gemma4", "glm4moe"])
 def test_two_calls_in_one_turn(family):
     """(GPT-OSS's and Llama 3's templates render one call per turn.)"""
     tokenizer, stops = family_tokenizer(family)
@@ -106,10 +107,10 @@ def test_a_family_rloo_cannot_read_is_refused_by_name():
     tokenizer, stops = family_tokenizer("deepseek_r1_distill")
     with pytest.raises(ConfigError, match=r"DeepSeek-R1"):
         prepare_tool_calls(tokenizer, {None: SCHEMAS}, stops)
-    tokenizer, stops = family_tokenizer("glm4moe")  # read (glm-xml), but its call turn ends where generation goes on
-    assert call_format(tokenizer, SCHEMAS).name == "glm-xml"
-    with pytest.raises(ConfigError, match=r"GLM-4.*'</tool_call>'.*stop_token_ids"):
-        prepare_tool_calls(tokenizer, {None: SCHEMAS}, stops)
+    tokenizer, stops = family_tokenizer("glm4moe")  # its call turn ends at <|observation|>: refused if no stop there
+    observation = tokenizer.convert_tokens_to_ids("<|observation|>")
+    with pytest.raises(ConfigError, match=r"GLM-4.*'</tool_call>'.*nor at the token the tool message begins with"):
+        prepare_tool_calls(tokenizer, {None: SCHEMAS}, stops - {observation})
     odd = tool_tokenizer("{% for m in messages %}{{ m.role + ': ' + (m.content or '') }}{% for c in m.tool_calls or [] %}"
                          "{{ 'CALL ' + c.function.name + ' ' + (c.function.arguments | tojson) }}{% endfor %}"
                          "{{ '<eos>' }}{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
@@ -121,12 +122,36 @@ def test_a_family_rloo_cannot_read_is_refused_by_name():
 # ------------------------------------------------------------------ a GRPO tool script on Llama 3 and Qwen3.5
 
 
-@pytest.mark.parametrize("family", ["llama3_1", "qwen3_5_think", "qwen3"])
+def test_glm_s_call_turn_ends_at_the_tool_message_s_first_token():
+    """GLM-4's turns have no end token of their own: generation stops at the next message's first token, and a call
+    turn is followed by `<|observation|>`, the tool message's. That id ends the sampled turn, and the tool results
+    appended after it are the rest of the tool message: the ids of the template's own rendering."""
+    tokenizer, stops = family_tokenizer("glm4moe")
+    chosen = prepare_tool_calls(tokenizer, {None: SCHEMAS}, stops)
+    observation = tokenizer.convert_tokens_to_ids("<|observation|>")
+    assert (call_turn_ending(tokenizer, stops), chosen.end_opens_next) == ((observation, True), True)
+    call = [{"type": "function", "function": {"name": "add", "arguments": {"a": 7, "b": "75001"}}}]
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": call},
+                    {"role": "tool", "name": "add", "content": "7:75001"}]
+    whole = tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True, return_dict=False)
+    prompt = tokenizer.apply_chat_template(conversation[:1], tokenize=True, add_generation_prompt=True,
+                                           return_dict=False)
+    sampled = tokenizer.encode(rendered_call_turn(tokenizer, None, [("add", {"a": 7, "b": "75001"})]),
+                               add_special_tokens=False) + [observation]
+    suffix = tool_suffix_ids(tokenizer, conversation[2:], stops, None, chosen.end_opens_next)
+    assert prompt + sampled + suffix == whole
+    assert chosen.parse(tokenizer.decode(sampled))[1][0].arguments == {"a": 7, "b": "75001"}
+
+
+@pytest.mark.parametrize("family", ["llama3_1", "qwen3_5_think", "qwen3", "glm4moe"])
 def test_training_with_each_family_s_native_calls(tmp_path, family):
     """The model writes calls in its family's own format: they are run (call frequency 1 per trajectory: one call,
     then an answer), none fails from the format, and the tool receives typed arguments."""
     tokenizer, stops = family_tokenizer(family)
     call_text = rendered_call_turn(tokenizer, None, [("add", {"a": 7, "b": "75001"})])
+    end, end_opens_next = call_turn_ending(tokenizer, stops)
+    if end_opens_next:  # GLM-4: the turn ends with the tool message's first token, which generation stops at
+        call_text += tokenizer.convert_ids_to_tokens(end)
     seen = []
 
     def traced(a: int, b: str) -> str:

@@ -102,14 +102,16 @@ def _check_code_sandbox(reward_funcs: list, config: Any) -> None:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by bad input: printed as one message, without a traceback (--debug shows it), exit status 2."""
+    """Errors caused by bad input, and a process of a distributed run that stopped (RankFailure, which names it):
+    printed as one message, without a traceback (--debug shows it), exit status 2."""
+    from rloo.distributed.heartbeat import RankFailure
     from rloo.distributed.launch import LaunchError
     from rloo.rewards.isolation import SandboxUnavailable
     from rloo.rewards.scoring import RewardError
     from rloo.run.checkpoint import CheckpointError
 
     return (ConfigError, CheckpointError, FileNotFoundError, RewardError, config_fields.TRLFieldError, LaunchError,
-            SandboxUnavailable)
+            SandboxUnavailable, RankFailure)
 
 
 # What a signal outside the training loop interrupted, by command.

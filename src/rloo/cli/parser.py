@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import yaml
 
 from rloo.compat import config_fields, trl_flags
+from rloo.compat.grpo_fields import GRPO_FIELDS
 from rloo.compat.scripts import DatasetMixtureConfig, ModelConfig, RLOOScriptArguments
 from rloo.compat.trl_config import RLOOConfig as TRLNamedConfig
 from rloo.config import ALIASES, ConfigError, RLOOConfig, field_docs
@@ -187,11 +188,13 @@ def add_config_flags(parser: argparse.ArgumentParser, config_class: type) -> set
 
 
 def add_trl_field_flags(parser: argparse.ArgumentParser, taken: set[str]) -> set[str]:
-    """TRL's other RLOOConfig names (config_fields.TRL_FIELDS) as flags, except RLOOConfig's own fields and
-    `taken`; they default to "not given". Returns the names added."""
-    trl_fields = parser.add_argument_group("other TRL RLOOConfig names: mapped, accepted or refused (docs/trl_migration.md)")
+    """TRL's other RLOOConfig names (config_fields.TRL_FIELDS) and GRPOConfig's own fields (grpo_fields.GRPO_FIELDS)
+    as flags, except RLOOConfig's own fields and `taken`; they default to "not given", and are answered as
+    `rloo.RLOOConfig(**fields)` answers them in Python. Returns the names added."""
+    trl_fields = parser.add_argument_group("other TRL RLOOConfig and GRPOConfig names: mapped, accepted or refused "
+                                           "(docs/trl_migration.md)")
     added = set()
-    for name, answer in config_fields.TRL_FIELDS.items():
+    for name, answer in {**config_fields.TRL_FIELDS, **GRPO_FIELDS}.items():
         if name in taken or name in RLOOConfig.__dataclass_fields__:
             continue
         is_bool = isinstance(answer.default, bool)
@@ -209,7 +212,7 @@ def add_trl_field_flags(parser: argparse.ArgumentParser, taken: set[str]) -> set
 
 def _check_keys(values: dict[str, Any], source: str) -> None:
     known = {f.name for f in dataclasses.fields(RLOOConfig)} | {f.name for f in dataclasses.fields(TrainInputs)}
-    known |= set(ALIASES) | {"resume_from_checkpoint"} | set(config_fields.TRL_FIELDS)
+    known |= set(ALIASES) | {"resume_from_checkpoint"} | set(config_fields.TRL_FIELDS) | set(GRPO_FIELDS)
     known |= {f.name for f in dataclasses.fields(TRLScriptFlags)}
     for key in values:
         if key not in known:

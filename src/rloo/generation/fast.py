@@ -54,6 +54,7 @@ from rloo.config_checks import ConfigError
 from rloo.generation.base import SampledBatch, SamplingSettings, completion_mask_from_eos, left_pad
 from rloo.generation.half_weights import autocast_would_cast, copyable, half_copy, rows_fitting_memory
 from rloo.generation.kv_cache import AppendInPlaceLayer, append_in_place_cache
+from rloo.generation.logits_filter import filter_logits
 from rloo.generation.static_decode import make_step, static_refusal
 from rloo.passes import mrope
 from rloo.passes.logprobs import cache_argument, position_ids_from_mask
@@ -70,44 +71,6 @@ WEIGHTS_DTYPES = ("auto", "model")
 # this share of the free memory.
 CUDA_EOS_CHECK_EVERY = 16
 CUDA_CACHE_SHARE = 0.5
-
-
-def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                  min_p: float = 0.0) -> torch.Tensor:
-    """Scores whose softmax is the sampling distribution: filtered-out tokens get -inf.
-
-    Same order and tie rules as transformers' logits processors (temperature, top-k, top-p, min-p);
-    at least one token always survives.
-
-    Args:
-        logits: (B, V) next-token scores.
-        temperature: divides the logits; must be > 0.
-        top_k: keep the k highest scores (ties with the k-th kept too); 0 disables.
-        top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1 disables.
-        min_p: keep the tokens whose probability (after the filters above) is at least min_p times
-            the most likely token's; 0 disables.
-
-    Returns:
-        (B, V) fp32 scores.
-    """
-    scores = logits.float()
-    if temperature != 1.0:
-        scores = scores / temperature
-    if 0 < top_k < scores.shape[-1]:
-        kth_best = torch.topk(scores, top_k, dim=-1).values[:, -1:]  # (B, 1)
-        scores = scores.masked_fill(scores < kth_best, float("-inf"))
-    if top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
-        # A token goes when the mass of the tokens at or below it (ascending) is <= 1 - top_p.
-        removed_sorted = sorted_scores.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
-        removed_sorted[:, -1] = False  # the most likely token always stays
-        removed = removed_sorted.scatter(1, order, removed_sorted)
-        scores = scores.masked_fill(removed, float("-inf"))
-    if min_p > 0.0:
-        probs = scores.softmax(dim=-1)  # (B, V)
-        removed = probs < min_p * probs.amax(dim=-1, keepdim=True)  # the most likely token never goes
-        scores = scores.masked_fill(removed, float("-inf"))
-    return scores
 
 
 def can_repeat_rows(cache: Any) -> bool:
@@ -179,6 +142,9 @@ class FastSampler(SamplingSettings):
     # Completion rows decoded at once (whole groups of K); 0: all on CPU, on CUDA as many as a KV cache within
     # CUDA_CACHE_SHARE of the free memory holds.
     wave_rows: int = 0
+    # Multi-turn rollouts: each trajectory's KV cache is kept across its tool calls, the tool's tokens appended to
+    # it (`turn_session`); False: every later turn samples the whole trajectory again as a new prompt.
+    keep_turn_cache: bool = True
     _copy: Any = field(default=None, init=False, repr=False)  # (source model, its 16-bit copy, stale)
 
     def __post_init__(self) -> None:
@@ -230,14 +196,23 @@ class FastSampler(SamplingSettings):
         completion_ids, logprobs = self._decode_in_waves(decoder, prompts, unique_ids, unique_mask, num_generations,
                                                          vision, max_new_tokens or self.max_new_tokens)  # (N*K, C)
         model.train(was_training)
+        return self.as_batch(unique_ids, unique_mask, completion_ids, logprobs, num_generations)
 
+    def as_batch(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                 logprobs: torch.Tensor, k: int) -> SampledBatch:
+        """(N, P) prompts and the (N*K, C) decoded tokens and log-probs as a `SampledBatch` (pad after each end)."""
         completion_mask, has_eos = completion_mask_from_eos(completion_ids, self.eos_token_ids)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_token_id)
         logprobs = logprobs.masked_fill(completion_mask == 0, 0.0)
-        prompt_ids = unique_ids.repeat_interleave(num_generations, dim=0)  # (N*K, P), groups contiguous
-        prompt_mask = unique_mask.repeat_interleave(num_generations, dim=0)
-        return SampledBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, has_eos, logprobs,
-                            logprobs_from_policy=True)
+        return SampledBatch(prompt_ids.repeat_interleave(k, dim=0), prompt_mask.repeat_interleave(k, dim=0),
+                            completion_ids, completion_mask, has_eos, logprobs, logprobs_from_policy=True)
+
+    def turn_session(self) -> Any:
+        """A multi-turn rollout's sampler that keeps each trajectory's KV cache across its turns
+        (`kept_turns.KeptCacheTurns`), or None with keep_turn_cache=False (every turn re-prefills)."""
+        from rloo.generation.kept_turns import KeptCacheTurns  # it builds on this module
+
+        return KeptCacheTurns(self) if self.keep_turn_cache else None
 
     def rows_per_wave(self, model: torch.nn.Module, prompt_length: int, k: int, max_new_tokens: int | None = None) -> int | None:
         """Completion rows decoded at once (a multiple of k), or None for all."""
@@ -290,6 +265,16 @@ class FastSampler(SamplingSettings):
         """N prompts, also as (N, P) left-padded ids -> (N*K, C) sampled tokens, C <= max_new_tokens (pad after the end),
         and their (N*K, C) fp32 log-probs under softmax(logits / temperature), unfiltered (as the
         trainer computes them). The image token, with `vision`, is never drawn."""
+        cache, cache_name, next_logits, attention_mask, rope_deltas = self.prefill_rows(
+            model, prompts, prompt_ids, prompt_mask, k, vision, max_new_tokens)
+        suppressed = None if vision is None or vision.image_token_id is None else vision.image_token_id
+        return self._decode_from(model, cache, cache_name, next_logits, attention_mask, rope_deltas, suppressed,
+                                 max_new_tokens)[:2]
+
+    def prefill_rows(self, model: torch.nn.Module, prompts: list[list[int]], prompt_ids: torch.Tensor,
+                     prompt_mask: torch.Tensor, k: int, vision: Any, max_new_tokens: int) -> tuple:
+        """The prompts into a new cache of N*K rows with room for `max_new_tokens`, through the shared head when
+        they have one: (cache, its argument name, (N*K, V) next logits, (N*K, T) mask over the cache, rope deltas)."""
         cache_name = cache_argument(model)  # "cache" or "past_key_values", looked up once, not per token
         head = 0 if vision is not None or len(prompts) < 2 else shared_head_length(prompts)
         if head >= MIN_SHARED_HEAD:
@@ -299,12 +284,10 @@ class FastSampler(SamplingSettings):
                 next_logits, attention_mask = self._prefill_shared_head(
                     model, cache, cache_name, torch.tensor(prompts[0][:head], device=prompt_ids.device), tails,
                     tail_mask, k)
-                return self._decode_from(model, cache, cache_name, next_logits, attention_mask, None, None, max_new_tokens)
+                return cache, cache_name, next_logits, attention_mask, None
         cache = append_in_place_cache(model.config, room=max_new_tokens)
         next_logits, rope_deltas = self._prefill(model, cache, cache_name, prompt_ids, prompt_mask, k, vision)
-        suppressed = None if vision is None or vision.image_token_id is None else vision.image_token_id
-        return self._decode_from(model, cache, cache_name, next_logits, prompt_mask.repeat_interleave(k, dim=0),
-                                 rope_deltas, suppressed, max_new_tokens)
+        return cache, cache_name, next_logits, prompt_mask.repeat_interleave(k, dim=0), rope_deltas
 
     def _prefill_shared_head(self, model: torch.nn.Module, cache: Any, cache_name: str, head_ids: torch.Tensor,
                              tail_ids: torch.Tensor, tail_mask: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,9 +307,10 @@ class FastSampler(SamplingSettings):
 
     def _decode_from(self, model: torch.nn.Module, cache: Any, cache_name: str, next_logits: torch.Tensor,
                      attention_mask: torch.Tensor, rope_deltas: torch.Tensor | None,
-                     suppressed: int | None, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     suppressed: int | None, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The decode loop from a prefilled `cache` of B rows: (B, V) first logits and the (B, T) mask over the
-        cache, which grows by one column a step."""
+        cache, which grows by one column a step. Returns the (B, C) tokens and log-probs, and how many steps fed
+        their token into the cache (its first columns after T: a row's own tokens up to its end, then padding)."""
         device = next_logits.device
         eos_ids = torch.tensor(self.eos_token_ids, device=device)
         finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=device)  # (B,)
@@ -345,10 +329,10 @@ class FastSampler(SamplingSettings):
             if step == max_new_tokens - 1 or ((step + 1) % every == 0 and bool(all_ended[-1])):
                 break
             next_logits = step_forward(token)
-        length = len(tokens)
+        length = fed = len(tokens)
         if every > 1:  # the steps decoded after every row had ended are dropped: the eager loop's length
             length = int(torch.stack(all_ended).long().argmax()) + 1 if bool(all_ended[-1]) else length
-        return torch.stack(tokens[:length], dim=1), torch.stack(logprobs[:length], dim=1)
+        return torch.stack(tokens[:length], dim=1), torch.stack(logprobs[:length], dim=1), fed - 1
 
     def _step_function(self, model: torch.nn.Module, cache: Any, cache_name: str, attention_mask: torch.Tensor,
                        rope_deltas: torch.Tensor | None):

@@ -58,3 +58,21 @@ def append_in_place_cache(config, room: int) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [AppendInPlaceLayer(room) if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def filled_states(cache: DynamicCache, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (B, H, length, D) keys and values: the first `length` positions of its append-in-place views,
+    or of the static decode step's buffers (`static_decode.StaticRowsLayer`, which replaces the layers it ran on)."""
+    states = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys_buffer", layer.keys), getattr(layer, "values_buffer", layer.values)
+        states.append((keys[:, :, :length], values[:, :, :length]))
+    return states
+
+
+def cache_from_states(config, states: list[tuple[torch.Tensor, torch.Tensor]], room: int) -> DynamicCache:
+    """A new append-in-place cache holding `states` ((B, H, T, D) keys and values per layer) with `room` spare slots."""
+    cache = append_in_place_cache(config, room)
+    for layer, (keys, values) in zip(cache.layers, states, strict=True):
+        layer.update(keys, values)  # copied into a (B, H, T + room, D) buffer
+    return cache

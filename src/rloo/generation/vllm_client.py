@@ -9,6 +9,12 @@ safetensors chunks of about `chunk_bytes` (smaller where the server's --max_chun
 and a CPU machine can run both sides. A push that the server's bounds would refuse (a tensor over
 --max_chunk_mb, a model over --max_pending_mb) is refused here before anything is sent. With RLOO_VLLM_TOKEN
 in the environment, every request carries that token.
+
+Every generation is checked to have run on the weights this client last pushed (issue #48): the server names its
+weights version in each reply ("boot-..." for the weights it started with, else the id of its last complete push),
+and a reply with another version ends the run (ServerError), since the server was restarted or another trainer
+pushed to it. The run fails rather than re-pushing: this client does not hold the policy, and a server that
+restarts mid-run is a fault its operator should see (resume from the last checkpoint against a live server).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class HTTPEngine:
         self._limits: dict | None = None  # the server's ServerLimits, from its /health
         self._lora: dict | None = None  # its LoRA options ({"max_lora_rank", "max_loras"}), None without --enable_lora
         self.lora_refusal = ""
+        self.weights_version: str | None = None  # what the server last said it holds; None: not asked yet
 
     @classmethod
     def build(cls, args: Any) -> "HTTPEngine":
@@ -66,6 +73,7 @@ class HTTPEngine:
                               f"any process that reaches it can replace its weights: start `rloo vllm-serve` with the "
                               f"same {TOKEN_ENV} in its environment, or unset {TOKEN_ENV} here.")
         engine._limits, engine._lora = health.get("limits", {}), health.get("lora")
+        engine.weights_version = health.get("weights_version")
         return engine
 
     def serves_lora(self, rank: int) -> bool:
@@ -155,7 +163,20 @@ class HTTPEngine:
                               f"{', with their images' if 'images' in request else ''}) is over the largest the vLLM "
                               f"server at {self.url} takes ({limit / 2**20:.1f} MiB): restart `rloo vllm-serve` with a "
                               f"larger --max_request_mb, or lower per_device_train_batch_size.")
-        return self.call("POST", "/generate", body)
+        reply = self.call("POST", "/generate", body)
+        self.check_version(reply.get("weights_version"))
+        return reply
+
+    def check_version(self, served: str | None) -> None:
+        """Raise ServerError unless the server generated with the weights this client last saw it hold."""
+        if self.weights_version is None or served == self.weights_version:
+            return
+        expected = ("the weights it was started with" if self.weights_version.startswith("boot-")
+                    else "the trainer's last weight push")
+        raise ServerError(f"the vLLM server at {self.url} generated with weights version {served!r}, not "
+                          f"{self.weights_version!r} ({expected}): it was restarted or another trainer pushed to it, "
+                          f"so its samples are not the policy's. The run stops: resume it from its last checkpoint "
+                          f"(--resume_from_checkpoint latest) against a server only this run uses.")
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         if self.is_main_process:
@@ -169,9 +190,13 @@ class HTTPEngine:
             for index, group in enumerate(groups):
                 chunk = _encode([weights[i] for i in group])
                 final = int(index == len(groups) - 1)
-                self.call("POST", f"/weights?push={push}&index={index}&final={final}", chunk, "application/octet-stream")
-        if torch.distributed.is_initialized():  # nobody generates before the push is done
-            torch.distributed.barrier()
+                reply = self.call("POST", f"/weights?push={push}&index={index}&final={final}", chunk,
+                                  "application/octet-stream")
+            self.weights_version = reply.get("weights_version")
+        if torch.distributed.is_initialized():  # nobody generates before the push is done; all expect its version
+            version = [self.weights_version]
+            torch.distributed.broadcast_object_list(version, src=0)
+            self.weights_version = version[0]
 
     def _check_push(self, weights: list, sizes: list[int], chunks: int, limits: dict) -> None:
         """Refuse, before sending anything, a push the server's bounds would refuse half-way."""

@@ -6,15 +6,29 @@ colocates (`ColocatedEngine`) in Python's standard-library HTTP server and takes
 safetensors chunks over HTTP, so it runs wherever vLLM runs.
 
 Endpoints (JSON unless said otherwise):
-    GET  /health          -> {"model": ..., "vllm": version, "token_required": bool, "limits": {ServerLimits}}
+    GET  /health          -> {"model": ..., "vllm": version, "token_required": bool, "limits": {ServerLimits},
+                              "weights_version": the weights the engine holds}; 503 once the engine has failed
     POST /generate        {"prompts": [[token ids]], "n": K, "params": {SamplingParams keys}}
-                          -> {"completions": [[[ids, logprobs] x K] per prompt]}
+                          -> {"completions": [[[ids, logprobs] x K] per prompt], "weights_version": V}
                           With "images": [[base64 PNG, ...] per prompt], the prompts are chat-template ids with one
                           placeholder per image, sent to the engine as multi_modal_data (the colocated engine's
                           `run_with_images`); the reply adds "prompt_ids": the ids the engine ran, placeholders
                           expanded, which the client checks against the processor's (generation/vllm.py check_expanded).
     POST /weights?push=ID&index=I&final=0|1   body: one safetensors chunk of (name -> tensor); the chunks
-                          of push ID (I = 0, 1, ...) are kept until the final one, then loaded together.
+                          of push ID (I = 0, 1, ...) are kept until the final one, then loaded together; the
+                          final one's reply is {"ok": true, "weights_version": ID}.
+
+Weights versions (issue #48): the engine's weights are named "boot-<random>" at start (the --model weights of this
+start) and by the push id after each complete push. Every /generate reply names the version it sampled with, and
+the client checks it against the version it last saw pushed (vllm_client.HTTPEngine), so a server restarted
+between two steps (serving --model's weights, not the trainer's) ends the run instead of training on its samples.
+
+A failed engine (issue #48): an engine that raises with requests in flight (vLLM's "Encoder cache miss", a kernel
+error) or in the middle of a weight load holds an unknown state (unfinished requests that a later generation would
+return, a mix of old and new weights). The request that found it is answered 500 naming the error, /health and
+every later request 503, and the process exits with status 1, so that neither a client nor a supervisor mistakes
+it for a live server. An error raised before the engine ran anything (vLLM refusing a prompt) stays that request's
+500 and the server serves on.
     POST /adapter?version=N   (started with --enable_lora) body: one safetensors file of a LoRA adapter's tensors,
                           its adapter_config.json in the metadata ("adapter_config"): registered as version N, which
                           a /generate with "adapter": N then samples with (409 for a version the engine does not hold).
@@ -38,15 +52,14 @@ Start it with `rloo vllm-serve --model PATH [--host 127.0.0.1] [--port 8000]` (o
 
 from __future__ import annotations
 
-import argparse
 import hmac
-import ipaddress
 import json
 import os
 import re
-import socket
 import sys
 import threading
+import time
+import uuid
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
@@ -55,8 +68,9 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 
-from rloo.generation.vllm_lora import MAX_LORA_RANKS, StaleAdapterError
-from rloo.generation.vllm_server_guards import (
+from rloo.generation.vllm_lora import StaleAdapterError
+from rloo.generation.vllm_server_flags import build_parser, check_exposure, is_loopback, limits_from  # noqa: F401
+from rloo.generation.vllm_server_guards import (  # noqa: F401
     MB,
     TOKEN_ENV,
     GenerateRequest,
@@ -64,7 +78,6 @@ from rloo.generation.vllm_server_guards import (
     Refused,
     ServerLimits,
     decode_images,
-    half_the_memory,
     parse_adapter,
 )
 
@@ -85,6 +98,21 @@ class WeightServer(ThreadingHTTPServer):
         self.engine_lock = threading.Lock()  # vLLM's engine is not thread-safe
         self.pending = PendingPush(self.limits.pending_chunks, self.limits.pending_bytes)
         self._slots = threading.BoundedSemaphore(self.limits.connections)
+        self.weights_version = f"boot-{uuid.uuid4().hex[:12]}"  # --model's weights, as loaded by this start
+        self.failure: str | None = None  # set once the engine has failed: every request is then answered 503
+        self.active, self._count = 0, threading.Lock()  # requests being served
+
+    def engine_failed(self, error: BaseException, during: str) -> str:
+        """Record that the engine failed `during` a call, and stop serving (serve_forever returns; `main` exits 1).
+        Returns the message the request that found it is answered with."""
+        message = (f"the vLLM engine of this server failed during {during} ({type(error).__name__}: {error}); its "
+                   f"state is unknown, so `rloo vllm-serve` is exiting: restart it, then resume the run from its last "
+                   f"checkpoint (--resume_from_checkpoint latest)")
+        if self.failure is None:
+            self.failure = message
+            print(f"rloo vllm-serve: {message}", file=sys.stderr, flush=True)
+            threading.Thread(target=self.shutdown, daemon=True).start()  # shutdown() waits for serve_forever
+        return message
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
@@ -101,10 +129,21 @@ class WeightServer(ThreadingHTTPServer):
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._count:
+            self.active += 1
         try:
             super().process_request_thread(request, client_address)
         finally:
+            with self._count:
+                self.active -= 1
             self._slots.release()
+
+    def wait_for_replies(self, seconds: float) -> None:
+        """Wait (at most `seconds`) for the requests being served to be answered: the one that found the engine
+        failed is answered before the process exits."""
+        deadline = time.monotonic() + seconds
+        while self.active and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def handle_error(self, request: Any, client_address: Any) -> None:  # a client gone mid-reply: one line, no traceback
         error = sys.exc_info()[1]
@@ -183,14 +222,20 @@ class EngineHandler(BaseHTTPRequestHandler):
             raise Refused(400, f"the client closed the connection after {len(body)} of {size} bytes")
         return body
 
+    def _check_alive(self) -> None:
+        if self.server.failure is not None:
+            raise Refused(503, self.server.failure)
+
     def do_GET(self) -> None:
         try:
             self._check_token()
+            self._check_alive()
             if urlparse(self.path).path != "/health":
                 raise Refused(404, f"no endpoint {self.path}")
             server = self.server
             self._reply(200, {"model": server.model, "vllm": server.vllm_version, "token_required": server.token is not None,
-                              "limits": asdict(server.limits), "lora": server.lora})
+                              "limits": asdict(server.limits), "lora": server.lora,
+                              "weights_version": server.weights_version})
         except Refused as refusal:
             self._refuse(refusal)
 
@@ -198,6 +243,7 @@ class EngineHandler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         try:
             self._check_token()
+            self._check_alive()
             if url.path == "/generate":
                 self._generate(self._body(self.server.limits.request_bytes, "--max_request_mb"))
             elif url.path == "/weights":
@@ -218,15 +264,26 @@ class EngineHandler(BaseHTTPRequestHandler):
         request = GenerateRequest.parse(body)
         engine = self.server.engine
         with self.server.engine_lock:  # images decoded here too: one request's pixels in memory at a time
+            self._check_alive()  # another request may have found the engine failed while this one waited
             adapter = {} if request.adapter is None else {"adapter": request.adapter}
-            if request.images is None:
-                grouped, ran = engine.generate(request.prompts, request.n, request.params, **adapter), None
-            else:
-                if not hasattr(engine, "run_with_images"):
-                    raise Refused(400, f"this server's engine ({type(engine).__name__}) does not take images")
-                images = decode_images(request.images, self.server.limits.image_pixels)
-                grouped, ran = engine.run_with_images(request.prompts, images, request.n, request.params, **adapter)
-        reply = {"completions": [[[ids, logps] for ids, logps in group] for group in grouped]}
+            version = self.server.weights_version
+            try:
+                if request.images is None:
+                    grouped, ran = engine.generate(request.prompts, request.n, request.params, **adapter), None
+                else:
+                    if not hasattr(engine, "run_with_images"):
+                        raise Refused(400, f"this server's engine ({type(engine).__name__}) does not take images")
+                    images = decode_images(request.images, self.server.limits.image_pixels)
+                    grouped, ran = engine.run_with_images(request.prompts, images, request.n, request.params,
+                                                          **adapter)
+            except (Refused, StaleAdapterError):
+                raise
+            except Exception as error:
+                if not engine_is_clean(engine):  # it raised mid-generation: requests are left in flight
+                    raise Refused(500, self.server.engine_failed(error, "a generation")) from None
+                raise
+        reply = {"completions": [[[ids, logps] for ids, logps in group] for group in grouped],
+                 "weights_version": version}
         if ran is not None:
             reply["prompt_ids"] = ran
         self._reply(200, reply)
@@ -257,10 +314,17 @@ class EngineHandler(BaseHTTPRequestHandler):
             pending.drop(push_id)
             raise
         weights = pending.add(push_id, index, tensors, final == "1")
-        if weights is not None:
-            with self.server.engine_lock:
+        if weights is None:
+            self._reply(200, {"ok": True})
+            return
+        with self.server.engine_lock:
+            self._check_alive()
+            try:
                 self.server.engine.load_weights(iter(weights))
-        self._reply(200, {"ok": True})
+            except Exception as error:  # part of the weights may be loaded: a mix of two policies
+                raise Refused(500, self.server.engine_failed(error, f"the load of weight push {push_id}")) from None
+            self.server.weights_version = push_id
+        self._reply(200, {"ok": True, "weights_version": push_id})
 
 
     def _receive_adapter(self, query: dict[str, list[str]]) -> None:
@@ -275,6 +339,16 @@ class EngineHandler(BaseHTTPRequestHandler):
         self._reply(200, {"ok": True, "versions": list(self.server.engine.adapters.versions)})
 
 
+def engine_is_clean(engine: Any) -> bool:
+    """Whether an engine that just raised holds no request in flight (vLLM withdraws the requests of a call it
+    refuses before running them; an error mid-step leaves them). A stand-in engine without vLLM's: never."""
+    llm = getattr(engine, "llm", None)
+    try:
+        return llm is not None and not llm.llm_engine.has_unfinished_requests()
+    except Exception:  # an engine too broken to answer this is not clean
+        return False
+
+
 def build_engine(model: str, dtype: str, max_model_len: int | None, seed: int, lora: dict | None = None) -> Any:
     """A ColocatedEngine for the server's own process: a world of one, whatever launcher variables
     (RANK, MASTER_PORT, ...) the shell that started it has (a trainer's port would already be taken)."""
@@ -287,83 +361,6 @@ def build_engine(model: str, dtype: str, max_model_len: int | None, seed: int, l
                               vllm_enable_sleep_mode=False, vllm_gpu_memory_utilization=0.3)
     torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
     return ColocatedEngine.build(model, options, seed, torch_dtype, lora=lora)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rloo vllm-serve",
-                                     description="Serve a vLLM engine for sampler='vllm', vllm_mode='server'. "
-                                                 "See docs/launching.md for running it across machines safely.")
-    parser.add_argument("--model", required=True, help="model folder (or Hub id) the policy starts from")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only); "
-                        "any other address needs a token")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--dtype", default="auto", help="float32, bfloat16, ... (auto: the checkpoint's); "
-                        "use the policy's dtype so the engine's log-probs match the trainer's")
-    parser.add_argument("--max_model_length", type=int, default=None, help="longest prompt + completion (tokens)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--token", default=None, help=f"a shared secret every request must carry; the trainer sends "
-                        f"its {TOKEN_ENV}. Default: this process's {TOKEN_ENV}. Prefer the environment variable: "
-                        f"other users of the machine can read a command line (ps)")
-    parser.add_argument("--allow_no_token", action="store_true",
-                        help="serve an address other than loopback without a token (anyone who reaches the port "
-                             "can then replace the weights)")
-    defaults = ServerLimits(pending_bytes=0)
-    parser.add_argument("--max_request_mb", type=float, default=defaults.request_bytes / MB,
-                        help="largest /generate body (MiB; default %(default)s)")
-    parser.add_argument("--max_chunk_mb", type=float, default=defaults.chunk_bytes / MB,
-                        help="largest weight chunk (MiB; default %(default)s); a single tensor must fit in one")
-    parser.add_argument("--max_pending_chunks", type=int, default=defaults.pending_chunks,
-                        help="most chunks of one push held before its final chunk (default %(default)s)")
-    parser.add_argument("--max_pending_mb", type=float, default=None,
-                        help="most bytes of one push held before its final chunk (MiB; default: half the "
-                             "machine's memory); at least the model's size in the trainer's dtype")
-    parser.add_argument("--socket_timeout", type=float, default=defaults.socket_timeout,
-                        help="seconds a client may stall mid-request before it is dropped (default %(default)s)")
-    parser.add_argument("--max_connections", type=int, default=defaults.connections,
-                        help="open connections served at once (default %(default)s); more are answered 503")
-    parser.add_argument("--max_image_megapixels", type=float, default=defaults.image_pixels / MB,
-                        help="most pixels (in units of 2**20) of the images of one /generate request, together "
-                             "(default %(default)s)")
-    parser.add_argument("--enable_lora", action="store_true", help="serve LoRA adapters (the trainer's "
-                        "vllm_lora_sync='adapters' then sends adapter tensors alone after each optimizer step)")
-    parser.add_argument("--max_lora_rank", type=int, default=64, choices=MAX_LORA_RANKS,
-                        help="with --enable_lora: the largest adapter rank served (default %(default)s)")
-    parser.add_argument("--max_loras", type=int, default=4, help="with --enable_lora: adapter versions held at once "
-                        "(default %(default)s; async_rollouts needs max_staleness + 2)")
-    parser.add_argument("--verbose", action="store_true", help="log every request")
-    return parser
-
-
-def limits_from(args: argparse.Namespace) -> ServerLimits:
-    """The ServerLimits the flags ask for; a non-positive value is an error naming its flag."""
-    for flag in ("max_request_mb", "max_chunk_mb", "max_pending_chunks", "max_pending_mb", "socket_timeout",
-                 "max_connections", "max_image_megapixels"):
-        value = getattr(args, flag)
-        if value is not None and not value > 0:
-            raise SystemExit(f"rloo vllm-serve: --{flag} must be > 0, got {value}")
-    pending = int(args.max_pending_mb * MB) if args.max_pending_mb is not None else half_the_memory()
-    return ServerLimits(request_bytes=int(args.max_request_mb * MB), chunk_bytes=int(args.max_chunk_mb * MB),
-                        pending_chunks=args.max_pending_chunks, pending_bytes=pending,
-                        socket_timeout=args.socket_timeout, connections=args.max_connections,
-                        image_pixels=int(args.max_image_megapixels * MB))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address `host` names is this machine's loopback."""
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except socket.gaierror:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
-
-
-def check_exposure(host: str, token: str | None, allow_no_token: bool) -> None:
-    """Refuse to serve a non-loopback address without a token unless told to (--allow_no_token)."""
-    if token is None and not allow_no_token and not is_loopback(host):
-        raise SystemExit(f"rloo vllm-serve: --host {host} is reachable from other machines, and without a token anyone "
-                         f"who reaches the port can replace the model's weights. Set {TOKEN_ENV} (in the server's and "
-                         f"the trainer's environment), or pass --allow_no_token on a network you trust; see "
-                         f"docs/launching.md.")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -390,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         pass
     finally:
         server.server_close()
+    if server.failure is not None:
+        server.wait_for_replies(5.0)
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from accelerate import Accelerator
@@ -38,6 +38,7 @@ from rloo.rewards.scoring import RewardFunction, ScoredBatch, reward_arguments, 
 from rloo.rewards.trl_names import RewardLog
 from rloo.rollout.batch import Rollout, Samples, padded_span  # noqa: F401 (the package's names)
 from rloo.rollout.prompt_stages import PromptStage, TextPrompts
+from rloo.rollout.turns import PolicySampling
 
 
 @dataclass
@@ -141,10 +142,10 @@ class RolloutCollector:
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         prompts = [row["prompt"] for row in rows for _ in range(num_generations)]
         state = self.trainer_state if self.trainer_state is not None else {"global_step": global_step, "episode": episode}
-        as_given, more_arguments, turns, episode_metrics = as_completions(prompts, completions), {}, None, {}
+        as_given, more_arguments, messages, turns, episode_metrics = as_completions(prompts, completions), {}, None, None, {}
         if episodes is not None:  # trajectories: the prompts the policy saw, the completions as messages
             prompts, as_given, more_arguments = episodes.reward_inputs(as_given)
-            turns, episode_metrics = list(episodes.messages), episodes.metrics()
+            messages, turns, episode_metrics = list(episodes.messages), episodes.turns, episodes.metrics()
         arguments = {**reward_arguments(rows, prompts, as_given, completion_ids, num_generations, state),
                      **more_arguments}
         reward_log = RewardLog()
@@ -160,7 +161,7 @@ class RolloutCollector:
         metrics = {**reward_log.metrics(), **episode_metrics}
         self.log_image_files(rows, num_generations, reward_log)
         return scored, Samples(prompts=prompts, completions=completions, extra=dict(reward_log.columns), metrics=metrics,
-                               turns=turns, images=self.logged_images(rows, num_generations))
+                               messages=messages, turns=turns, images=self.logged_images(rows, num_generations))
 
     def logged_images(self, rows: list[dict[str, Any]], num_generations: int) -> list | None:
         """log_multimodal: each completion's prompt images as the dataset holds them, a list per completion (an
@@ -244,7 +245,7 @@ class RolloutCollector:
     def sample_rows(self, rows: list[dict[str, Any]], num_generations: int | None = None) -> tuple[SampledBatch, Any]:
         """Step 1: K completions of each row's prompt (`prompt_stage`) and, with tools, environments or a
         rollout_func, the trajectories' `multi_turn.Episodes` (else None)."""
-        return self.prompt_stage.sample(rows, num_generations or self.args.num_generations, self.sample_ids)
+        return self.prompt_stage.sample(rows, num_generations or self.args.num_generations, PolicySampling(self))
 
     def sample(self, prompts: list, num_generations: int | None = None) -> SampledBatch:
         """K completions of each prompt (num_generations for eval), cut after the first stop string
@@ -258,13 +259,19 @@ class RolloutCollector:
         """K completions of each token list, cut after the first stop string (which then counts as an end).
         `vision`: the prompts' image inputs (one row per prompt), for samplers that take them; `max_new_tokens`:
         at most this many tokens, for samplers that take it (`generation.base.length_limit`; else all they draw)."""
-        args, acc = self.args, self.accelerator
         images = {} if vision is None else {"vision": vision.repeat(num_generations)}
+        sampled = self.on_policy(lambda policy: self.sampler.sample(policy, prompt_ids, num_generations, **images,
+                                                                    **length_limit(self.sampler, max_new_tokens)))
+        sampled.vision = images.get("vision")
+        return sampled
+
+    def on_policy(self, draw: Callable[[torch.nn.Module], SampledBatch]) -> SampledBatch:
+        """`draw(policy)` under autocast, with the full weights when sharded, its completions cut after the first
+        stop string (which then counts as an end)."""
+        args, acc = self.args, self.accelerator
         # Sharded (FSDP2 / ZeRO-3): the full weights, gathered once for the whole generation.
         with full_weights_for_generation(acc, self.model, args.ds3_gather_for_generation) as policy, acc.autocast():
-            sampled = self.sampler.sample(policy, prompt_ids, num_generations, **images,
-                                          **length_limit(self.sampler, max_new_tokens))
-        sampled.vision = images.get("vision")
+            sampled = draw(policy)
         if args.stop_strings:
             sampled.completion_ids, sampled.completion_mask, sampled.has_eos = cut_at_stop_strings(
                 sampled.completion_ids, sampled.completion_mask, sampled.has_eos,

@@ -36,6 +36,14 @@ empty. A `rollout_func` is refused (`builders.build_multi_turn`): it generates w
 through the trainer, not the sampler's snapshot, so pi_old and the staleness would not describe it.
 
 Every wait has a timeout (`async_rollout_timeout`) that raises naming what waited for what.
+
+Exact resume: a checkpoint saved between rollouts holds `AsyncRollouts.state()`, what the sampler is sampling the
+next rollout with: the optimizer step of the weights published for it, those weights' trainable tensors (with LoRA,
+the adapters alone; the frozen base is the policy's own) and the sampler's random state after the last rollout it
+delivered. On resume the first rollout is sampled from them, so the run goes on as if never stopped
+(tests/rollout/test_async_resume.py). It holds where the sampling order is fixed: max_staleness 1, the sampler a
+forked process (CPU; its random state is its own). A thread shares the learner's generators and a vLLM engine
+keeps its own, so there a resumed run samples from the same weights but other random draws.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import torch
 from rloo.generation.vllm import VLLMSampler
 from rloo.generation.vllm_lora import StaleAdapterError
 from rloo.rollout import Rollout, RolloutCollector, Samples
+from rloo.rollout.random_state import random_state, set_random_state
 
 _FORK = multiprocessing.get_context("fork")
 
@@ -94,6 +103,17 @@ class WeightBoard:
             _copy_weights(self.staging, policy)
             self.version.value = step
 
+    def publish_saved(self, policy: torch.nn.Module, step: int, weights: dict[str, torch.Tensor]) -> None:
+        """In the learner, on resume: the policy's weights with `weights` (name -> tensor, the trainable ones a
+        checkpoint saved) in place of its own, as the weights of optimizer step `step`."""
+        with self.lock:
+            _copy_weights(self.staging, policy)
+            with torch.no_grad():
+                for name, tensor in self.staging.named_parameters():
+                    if name in weights:
+                        tensor.copy_(weights[name])
+            self.version.value = step
+
     def take(self) -> int:
         """In the sampler, before a rollout: the newest published weights into its snapshot; their step."""
         with self.lock:
@@ -104,8 +124,12 @@ class WeightBoard:
 
 
 def _collect_from_newest(collector: RolloutCollector, board: WeightBoard, rows: list[dict[str, Any]],
-                         global_step: int, episode: int) -> tuple[Rollout, Samples, int]:
-    """Steps 1-4 on the newest published weights; with the optimizer step those weights are from."""
+                         global_step: int, episode: int, start_state: dict[str, Any] | None = None
+                         ) -> tuple[Rollout, Samples, int, dict[str, Any]]:
+    """Steps 1-4 on the newest published weights (from `start_state`'s random state, a resumed run's, when given);
+    with the optimizer step those weights are from and the random state after it."""
+    if start_state is not None:
+        set_random_state(start_state)
     before = board.taken
     weights_step = board.take()
     sampler = collector.sampler
@@ -116,7 +140,7 @@ def _collect_from_newest(collector: RolloutCollector, board: WeightBoard, rows: 
             sampler.on_optimizer_step(collector.model)
     rollout, samples = collector.collect(rows, global_step, episode)
     check_sampler_versions(rollout, getattr(sampler, "version_tags", {}), weights_step)
-    return rollout, samples, weights_step
+    return rollout, samples, weights_step, random_state()
 
 
 def check_sampler_versions(rollout: Rollout, version_tags: dict, weights_step: int) -> None:
@@ -139,11 +163,12 @@ class ThreadCollector:
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rloo-sampler")
         self.futures: collections.deque[concurrent.futures.Future] = collections.deque()
 
-    def submit(self, rows: list[dict[str, Any]], global_step: int, episode: int) -> None:
+    def submit(self, rows: list[dict[str, Any]], global_step: int, episode: int,
+               start_state: dict[str, Any] | None = None) -> None:
         self.futures.append(self.executor.submit(_collect_from_newest, self.collector, self.board, rows,
-                                                 global_step, episode))
+                                                 global_step, episode, start_state))
 
-    def result(self, timeout: float) -> tuple[Rollout, Samples, int]:
+    def result(self, timeout: float) -> tuple[Rollout, Samples, int, dict[str, Any]]:
         """The oldest queued rollout; concurrent.futures.TimeoutError after `timeout` seconds."""
         payload = self.futures[0].result(timeout=timeout)
         self.futures.popleft()
@@ -157,7 +182,7 @@ class ThreadCollector:
 
 
 def _serve(collector: RolloutCollector, board: WeightBoard, requests: Any, results: Any) -> None:
-    """The forked sampler: collect a rollout for every (rows, global_step, episode) received; None ends."""
+    """The forked sampler: collect a rollout for every (rows, global_step, episode, start_state) received; None ends."""
     torch.set_num_threads(1)
     while (request := requests.recv()) is not None:
         try:
@@ -194,11 +219,12 @@ class ForkedCollector:
             self.process.join(timeout=5)
             self.received.put(("died", self.process.exitcode))
 
-    def submit(self, rows: list[dict[str, Any]], global_step: int, episode: int) -> None:
-        self.requests.send((rows, global_step, episode))
+    def submit(self, rows: list[dict[str, Any]], global_step: int, episode: int,
+               start_state: dict[str, Any] | None = None) -> None:
+        self.requests.send((rows, global_step, episode, start_state))
         self.queued += 1
 
-    def result(self, timeout: float) -> tuple[Rollout, Samples, int]:
+    def result(self, timeout: float) -> tuple[Rollout, Samples, int, dict[str, Any]]:
         """The oldest queued rollout; concurrent.futures.TimeoutError after `timeout` seconds."""
         try:
             status, payload = self.received.get(timeout=timeout)
@@ -253,6 +279,25 @@ class AsyncRollouts:
             self.runner = ThreadCollector(sampler_collector, self.board)
         self.policy, self.timeout_s, self.max_staleness = policy, timeout_s, max_staleness
         self.queued: collections.deque[int] = collections.deque()  # rollout indices, oldest first
+        self.sampler_random_state: dict[str, Any] | None = None  # the sampler's, after its last delivered rollout
+        self.resumed: dict[str, Any] | None = None  # a checkpoint's state(), for the first rollout after resume
+
+    def state(self) -> dict[str, Any]:
+        """Between rollouts (a checkpoint): what the sampler samples the next queued rollout with, for `restore`:
+        `weights_step` (None when nothing is queued) and `weights`, the trainable tensors of the weights published
+        for it (the policy's frozen ones are the same); `random_state`, the sampler's after the last rollout."""
+        state: dict[str, Any] = {"weights_step": None, "weights": {}, "random_state": self.sampler_random_state}
+        if self.queued:
+            trainable = {name for name, p in self.policy.named_parameters() if p.requires_grad}
+            with self.board.lock:
+                state["weights_step"] = int(self.board.version.value)
+                state["weights"] = {name: p.detach().clone() for name, p in self.board.staging.named_parameters()
+                                    if name in trainable}
+        return state
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """On resume, before the first rollout: sample it from a checkpoint's `state()`."""
+        self.resumed = state
 
     def sync_weights(self, step: int = 0) -> None:
         """Publish the policy's current weights (from optimizer step `step`) for the sampler's next rollout."""
@@ -265,9 +310,9 @@ class AsyncRollouts:
         self.runner.submit(rows, global_step, episode)
         self.queued.append(rollout_index)
 
-    def result(self, rollout_index: int) -> tuple[Rollout, Samples, int]:
+    def result(self, rollout_index: int) -> tuple[Rollout, Samples, int, dict[str, Any]]:
         """The oldest queued rollout, which must be `rollout_index`, with the optimizer step of the weights
-        that sampled it; raises RolloutTimeout after timeout_s."""
+        that sampled it and the sampler's random state after it; raises RolloutTimeout after timeout_s."""
         if not self.queued or self.queued[0] != rollout_index:
             raise RuntimeError(f"the learner asked for rollout {rollout_index} but the sampler's queue holds "
                                f"{list(self.queued)} (a bug in the loop).")
@@ -287,9 +332,14 @@ class AsyncRollouts:
         of training), after which the rollouts up to `rollout_index + max_staleness` are queued. The metrics
         say how stale it is: `async/staleness`, the optimizer steps taken since its sampling weights."""
         if not self.queued:
-            self.sync_weights(global_step)
-            self.submit(rollout_index, rows_of(rollout_index), global_step, episode)
-        rollout, samples, weights_step = self.result(rollout_index)
+            resumed, self.resumed = self.resumed or {}, None
+            if resumed.get("weights_step") is not None:  # what the stopped run was sampling this rollout with
+                self.board.publish_saved(self.policy, resumed["weights_step"], resumed["weights"])
+            else:
+                self.sync_weights(global_step)
+            self.runner.submit(rows_of(rollout_index), global_step, episode, resumed.get("random_state"))
+            self.queued.append(rollout_index)
+        rollout, samples, weights_step, self.sampler_random_state = self.result(rollout_index)
         self.sync_weights(global_step)
         last = min(rollout_index + self.max_staleness, num_rollouts - 1)
         for ahead in range((self.queued[-1] if self.queued else rollout_index) + 1, last + 1):
@@ -324,6 +374,12 @@ class AheadOfTheLearner:
 
     def next(self, rollout_index: int, global_step: int, episode: int) -> tuple[Rollout, Samples, dict[str, float]]:
         return self.running.next(rollout_index, self.rows_of, global_step, episode, self.num_rollouts)
+
+    def state(self) -> dict[str, Any] | None:
+        return self.running.state() if self.running is not None else None
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        self.running.restore(state)
 
     def close(self) -> None:
         if self.running is not None:

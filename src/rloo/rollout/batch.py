@@ -113,12 +113,20 @@ class Samples:
     completions: list[str]  # (B,) decoded completion text
     extra: dict[str, list] = field(default_factory=dict)  # columns reward functions added with log_extra
     metrics: dict[str, float] = field(default_factory=dict)  # means of what they logged with log_metric
-    turns: list | None = None  # (B,) multi-turn: each trajectory's messages (None for a rollout_func row); else None
+    messages: list | None = None  # (B,) multi-turn: each trajectory's messages (None for a rollout_func row); else None
+    turns: list | None = None  # (B,) multi-turn: each trajectory's `turn_records.TurnRecord`s (None: rollout_func row)
     images: list | None = None  # (B,) log_multimodal: each completion's prompt images, a list (TRL's _logs["images"])
 
     def shown(self) -> list:
         """The completions as the tables and completions.jsonl show them: a trajectory as its messages
         (read turn by turn, tool results marked, by `safe_text.display`), a single completion as its text."""
-        if self.turns is None:
+        if self.messages is None:
             return list(self.completions)
-        return [text if messages is None else messages for text, messages in zip(self.completions, self.turns)]
+        return [text if messages is None else messages for text, messages in zip(self.completions, self.messages)]
+
+    def turn_records(self) -> list | None:
+        """(B,) each trajectory's turns as JSON (`TurnRecord.as_json`), None for a row without them; None for single
+        completions (whose rows keep their look)."""
+        if self.turns is None:
+            return None
+        return [None if records is None else [r.as_json() for r in records] for records in self.turns]

@@ -94,6 +94,7 @@ def select_samples(samples: list[Samples], picks: list[tuple[int, int]]) -> Samp
     return Samples(prompts=[samples[r].prompts[i] for r, i in picks],
                    completions=[samples[r].completions[i] for r, i in picks], extra=extra,
                    metrics=dict(samples[0].metrics),
+                   messages=None if samples[0].messages is None else [samples[r].messages[i] for r, i in picks],
                    turns=None if samples[0].turns is None else [samples[r].turns[i] for r, i in picks],
                    images=None if samples[0].images is None else [samples[r].images[i] for r, i in picks])
 
@@ -118,6 +119,12 @@ class DynamicSampler:
 
     def close(self) -> None:
         """Nothing to stop."""
+
+    def state(self) -> None:
+        """Nothing beside the trainer's state (extra rounds' rows are fixed by seed and rollout)."""
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Nothing to restore."""
 
     def extra_rows(self, rollout_index: int, round_index: int) -> list[dict[str, Any]]:
         """prompts_per_rollout dataset rows for an extra round, fixed by (seed, rollout, round, process)."""

@@ -5,7 +5,8 @@ A trajectory is one completion: K trajectories per prompt, scored as a whole and
 leave-one-out like single completions. Turn 1 samples K completions of each prompt. Each
 trajectory whose turn ended (EOS) with tool calls has them run (`tools.run_tool_calls`), the
 tool messages' tokens appended (`tools.tool_suffix_ids`, rendered for the new messages only), and
-is sampled again, with K = 1, on its whole token list; this repeats until a turn makes no call,
+is sampled again, with K = 1, on its whole token list (`turns.TurnSampler`: the fast sampler keeps each
+trajectory's KV cache across its tool calls and runs only the tokens added since); this repeats until a turn makes no call,
 `max_tool_calling_iterations` rounds of calls have run, or the completion budget is spent
 (`max_completion_length` counts every completion token, the model's and the tools').
 
@@ -38,6 +39,8 @@ from rloo.data.prompts import fit_prompt_lengths, is_conversational, tokenize_pr
 from rloo.generation.base import SampledBatch, left_pad
 from rloo.rewards.scoring import shorten
 from rloo.rollout.rollout_func import extra_field, token_logprobs
+from rloo.rollout.turn_records import TurnRecord, record_results, record_turn
+from rloo.rollout.turns import TurnSampler, turn_sampler
 from rloo.tools import environment_tools, prepare_tool_calls, run_tool_calls, tool_schemas, tool_suffix_ids
 from rloo.tools.parsing import ToolCall
 
@@ -51,6 +54,7 @@ class Episodes:
 
     prompts: list  # each trajectory's prompt as the policy saw it (an environment's reset text appended)
     messages: list[list[dict[str, Any]] | None]  # the completion as chat messages; None for rollout_func rows
+    turns: list[list[TurnRecord] | None] | None = None  # each trajectory turn by turn (`turn_records`); None: rollout_func rows
     environments: list[Any] | None = None  # the environment instance of each trajectory
     reward_arguments: dict[str, list] = field(default_factory=dict)  # more per-trajectory reward-function arguments
     tool_calls: int = 0
@@ -59,10 +63,8 @@ class Episodes:
 
     def first(self, count: int) -> "Episodes":
         """The first `count` trajectories (evaluation drops the rows it sampled as filler)."""
-        return Episodes(self.prompts[:count], self.messages[:count],
-                        None if self.environments is None else self.environments[:count],
-                        {key: values[:count] for key, values in self.reward_arguments.items()},
-                        self.tool_calls, self.tool_failures, self.logs_tool_metrics)
+        cut = {k: v and v[:count] for k, v in vars(self).items() if k in ("prompts", "messages", "turns", "environments")}
+        return dataclasses.replace(self, **cut, reward_arguments={k: v[:count] for k, v in self.reward_arguments.items()})
 
     def reward_inputs(self, completions: list) -> tuple[list, list, dict[str, list]]:
         """What reward functions get (step 2): each prompt as the policy saw it, each completion as its messages
@@ -92,6 +94,7 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)
     ended: bool = False  # the last turn ended with an end id or stop string (not cut by the budget)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)  # what the logs show: each turn's text, calls and results
 
     def add(self, ids: list[int], from_model: bool, logprobs: list[float] | None = None) -> None:
         self.ids += ids
@@ -205,14 +208,15 @@ class MultiTurnRollout:
         toolboxes = self.toolboxes(environments, len(prompts))
         trajectories = [Trajectory(ids) for ids in prompt_ids]
         groups_alike = all(prompt_ids[i] == prompt_ids[i - i % num_generations] for i in range(len(prompt_ids)))
-        first = (sample_policy(prompt_ids[::num_generations], num_generations) if groups_alike
-                 else sample_policy(prompt_ids, 1))
+        turns = turn_sampler(sample_policy)  # the fast sampler keeps each trajectory's cache across its turns
+        first = (turns.start(prompt_ids[::num_generations], num_generations) if groups_alike
+                 else turns.start(prompt_ids, 1))
         self.take_turn(trajectories, list(range(len(trajectories))), first)
-        episodes = Episodes(prompts=prompts, messages=[t.messages for t in trajectories], environments=environments)
-        self.call_tools(sample_policy, trajectories, toolboxes, episodes)
+        episodes = Episodes(prompts, [t.messages for t in trajectories], [t.turns for t in trajectories], environments)
+        self.call_tools(turns, trajectories, toolboxes, episodes)
         return self.batch(trajectories, self.tokenizer.pad_token_id, first), episodes
 
-    def call_tools(self, sample_policy: Callable[..., SampledBatch], trajectories: list[Trajectory],
+    def call_tools(self, turns: TurnSampler, trajectories: list[Trajectory],
                    toolboxes: list[dict[str, Callable]], episodes: Episodes) -> None:
         """The tool-calling rounds: run the calls, append their results, sample the next turn."""
         active = [i for i, t in enumerate(trajectories) if t.ended and t.messages[-1].get("tool_calls")]
@@ -232,12 +236,13 @@ class MultiTurnRollout:
                     continue  # no room for the results and a reply: the trajectory ends with its calls
                 trajectories[i].add(suffix, from_model=False)
                 trajectories[i].messages.extend(messages)
+                record_results(trajectories[i].turns, turn_results)
                 continuing.append(i)
             if not continuing:
                 break
             budget = max(self.max_completion_length - len(trajectories[i].ids) for i in continuing)
-            sampled = sample_policy([trajectories[i].prompt_ids + trajectories[i].ids for i in continuing], 1,
-                                    max_new_tokens=budget)
+            sampled = turns.resume(continuing, [trajectories[i].prompt_ids + trajectories[i].ids for i in continuing],
+                                   max_new_tokens=budget)
             self.take_turn(trajectories, continuing, sampled)
             active = [i for i in continuing if trajectories[i].ended and trajectories[i].messages[-1].get("tool_calls")]
 
@@ -256,7 +261,7 @@ class MultiTurnRollout:
             message: dict[str, Any] = {"role": "assistant", "content": content if calls else text}
             if calls:
                 message["tool_calls"] = [call.as_message_call() for call in calls]
-            trajectory.messages.append(message)
+            trajectory.messages.append(record_turn(trajectory.turns, message, calls))
             self.pending_calls[i] = calls
 
     def batch(self, trajectories: list[Trajectory], pad_id: int, first: SampledBatch) -> SampledBatch:
@@ -355,7 +360,8 @@ class MultiTurnRollout:
         return boxes
 
     def suffix_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return tool_suffix_ids(self.tokenizer, messages, self.end_ids, self.chat_template_kwargs)
+        opens = bool(self.call_format and self.call_format.end_opens_next)  # GLM-4: the end is <|observation|>
+        return tool_suffix_ids(self.tokenizer, messages, self.end_ids, self.chat_template_kwargs, opens)
 
     # ------------------------------------------------------------------ rollout_func
 
@@ -391,5 +397,3 @@ class MultiTurnRollout:
         extras = {key: extra_field(key, value, len(prompts)) for key, value in output.items() if key not in ROLLOUT_FUNC_KEYS}
         return self.batch(trajectories, pad_id, template), Episodes(prompts=prompts, messages=[None] * len(prompts),
                                                                      reward_arguments=extras, logs_tool_metrics=False)
-
-

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 
 class SamplePolicy(Protocol):
-    """Samples the policy: K completions of each token list (`RolloutCollector.sample_ids`)."""
+    """Samples the policy: K completions of each token list (`RolloutCollector.sample_ids`). The collector's
+    (`turns.PolicySampling`) also has `turns()`, how a multi-turn rollout samples its turns (`turns.turn_sampler`)."""
 
     def __call__(self, prompt_ids: list[list[int]], num_generations: int, vision: VisionInputs | None = None,
                  max_new_tokens: int | None = None) -> SampledBatch:

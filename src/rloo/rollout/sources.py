@@ -5,7 +5,8 @@
     async_rollouts     `async_rollouts.AheadOfTheLearner`: a sampler up to max_staleness rollouts ahead
 
 The trainer holds the one `rollout_source` returns and calls `start` when train() begins, `next` once per
-rollout and `close` when train() ends; it never asks which kind it holds. Only this module names the kinds
+rollout and `close` when train() ends; `state` goes into each checkpoint and `restore` takes it back on resume
+(None and nothing to do except for async_rollouts). It never asks which kind it holds. Only this module names the kinds
 (tests/test_architecture.py checks that the trainer imports neither of the two modules).
 """
 
@@ -39,6 +40,14 @@ class RolloutSource(Protocol):
         """train() ends: stop what `start` started and drop what it queued; a later `start` begins afresh."""
         ...
 
+    def state(self) -> dict[str, Any] | None:
+        """Between rollouts: what a checkpoint must hold for an exact resume besides the trainer's own state."""
+        ...
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """On resume, after `start` and before the first `next`: a checkpoint's `state()` (None: the checkpoint holds none)."""
+        ...
+
 
 @dataclass
 class PlainRollouts:
@@ -55,6 +64,12 @@ class PlainRollouts:
 
     def close(self) -> None:
         """Nothing to stop."""
+
+    def state(self) -> None:
+        """Nothing beside the trainer's state."""
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """Nothing to restore."""
 
 
 def rollout_source(args: RLOOConfig, accelerator: Accelerator, collector: RolloutCollector, dataset: Any,

@@ -4,7 +4,8 @@ A checkpoint `output_dir/checkpoint-<step>/` holds the policy ONCE, as `save_pre
 loads with `from_pretrained`; under LoRA only the adapters; the frozen reference never), accelerate's
 saved state WITHOUT model weights (optimizer, scheduler, RNG) under `accelerate_state/`, and
 `trainer_state.json` with the loop's counters, the run's id and a manifest (size and sha256 of every
-file). Checkpoints fall between rollouts, so the state is the step, the rollout index and the episode count.
+file). Checkpoints fall between rollouts, so the state is the step, the rollout index and the episode count (and
+with async_rollouts `async_sampler.pt`, what the sampler samples the next rollout with: `AsyncRollouts.state`).
 Sharded (FSDP2, ZeRO-3), the save_pretrained files hold the full weights gathered from the shards,
 and accelerate's state also holds the sharded weights, which resuming restores (docs/launching.md).
 With save_only_model (TRL's name) there is no `accelerate_state/`: the checkpoint is the model alone,
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.json"
 ACCELERATE_STATE = "accelerate_state"
+ROLLOUT_STATE = "async_sampler.pt"  # async_rollouts: the weights and random state of the queued rollout's sampler
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 TEMPORARY_NAME = re.compile(r"^\.checkpoint-(\d+)\.tmp$")
 # Held in the optimizer's and scheduler's saved state: a different value on resume would be
@@ -103,16 +105,18 @@ def check_finite_weights(model: torch.nn.Module, step: int, accelerator: Acceler
 
 
 def save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,
-                    global_step: int, rollout_index: int, episode: int, run_id: str = "") -> Path:
+                    global_step: int, rollout_index: int, episode: int, run_id: str = "",
+                    rollout_state: dict[str, Any] | None = None) -> Path:
     """Write `checkpoint-<global_step>` atomically and rotate this run's old checkpoints; returns its path.
-    A write failure (a full disk, a folder made read-only) is a CheckpointError naming output_dir."""
+    `rollout_state` (async_rollouts' sampler) goes to ROLLOUT_STATE. A write failure (a full disk, a folder made
+    read-only) is a CheckpointError naming output_dir."""
     check_finite_weights(accelerator.unwrap_model(model), global_step, accelerator)
     with write_errors_named(args.output_dir, global_step):
-        return _save_checkpoint(accelerator, model, tokenizer, args, global_step, rollout_index, episode, run_id)
+        return _save_checkpoint(accelerator, model, tokenizer, args, global_step, rollout_index, episode, run_id, rollout_state)
 
 
 def _save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer: Any, args: RLOOConfig,
-                     global_step: int, rollout_index: int, episode: int, run_id: str) -> Path:
+                     global_step: int, rollout_index: int, episode: int, run_id: str, rollout_state: dict | None) -> Path:
     output_dir = Path(args.output_dir)
     final = output_dir / f"checkpoint-{global_step}"
     temporary = output_dir / f".checkpoint-{global_step}.tmp"
@@ -127,6 +131,8 @@ def _save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer
             handle.remove()
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        if rollout_state is not None and not args.save_only_model:  # a model-only checkpoint is never resumed
+            torch.save(rollout_state, temporary / ROLLOUT_STATE)
         state = {
             "global_step": global_step,
             "rollout_index": rollout_index,
@@ -253,7 +259,7 @@ def resolve_checkpoint(checkpoint: str | bool, output_dir: str) -> Path | None:
 
 def load_checkpoint(accelerator: Accelerator, model: torch.nn.Module, path: Path, args: RLOOConfig) -> dict[str, Any]:
     """Restore model, optimizer, scheduler and RNG from a checkpoint directory after checking it is
-    complete, undamaged and compatible; returns its trainer state (global_step, rollout_index, episode)."""
+    complete, undamaged and compatible; returns its trainer state (global_step, rollout_index, episode, rollout_state)."""
     if not path.is_dir():
         raise CheckpointError(f"resume_from_checkpoint: {path} is not a directory. Give a checkpoint-<step> "
                               f"directory, or 'latest' for the newest complete one in output_dir.")
@@ -292,7 +298,8 @@ def load_checkpoint(accelerator: Accelerator, model: torch.nn.Module, path: Path
         raise CheckpointError(f"checkpoint {path}: {problem or 'the random state of another process was not restored'}; "
                               f"resuming would not be exact. {resume_fix(path)}")
     logger.info("Resumed from %s at step %d.", path, state["global_step"])
-    return state
+    rollout_file = path / ROLLOUT_STATE  # checked by the manifest above
+    return {**state, "rollout_state": torch.load(rollout_file, weights_only=True) if rollout_file.is_file() else None}
 
 
 def previous_checkpoint(path: Path) -> Path | None:

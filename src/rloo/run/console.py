@@ -76,10 +76,11 @@ def render(renderable: Any, width: int = 120) -> str:
 
 
 def completions_table(rows: Sequence[dict[str, Any]], step: int, max_rows: int) -> Table:
-    """A rich table of sample completions, like TRL's: prompt (a chat prompt as its turns), completion,
-    every score column, advantage. Every cell and column name is untrusted text, shown through
-    `safe_text.console_text`: no markup is read and control characters are shown as escapes."""
+    """A rich table of sample completions, like TRL's: prompt (a chat prompt as its turns), completion (a
+    trajectory turn by turn, `shown_row`), every score column, advantage. Every cell and column name is untrusted
+    text, shown through `safe_text.console_text`: no markup is read and control characters are shown as escapes."""
     table = Table(title=f"Sample completions at step {step}", show_lines=True)
+    rows = [shown_row(row) for row in rows]
     columns = [key for key in (rows[0] if rows else {}) if key != "step"]
     for key in columns:
         text = key in ("prompt", "completion")
@@ -88,3 +89,11 @@ def completions_table(rows: Sequence[dict[str, Any]], step: int, max_rows: int) 
     for row in list(rows)[:max_rows]:
         table.add_row(*(console_text(row.get(key)) if key != "advantage" else f"{row[key]:+.4g}" for key in columns))
     return table
+
+
+def shown_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A completions row as the tables show it: a trajectory's completion cell is its `turns` (each turn's text,
+    tool calls and results, read by `safe_text.trajectory_text`), not its messages; other rows as they are."""
+    if row.get("turns") is None:
+        return row
+    return {key: row["turns"] if key == "completion" else value for key, value in row.items() if key != "turns"}

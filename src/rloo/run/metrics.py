@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from rloo.algo.importance import mismatch_metrics
 from rloo.rewards.scoring import reward_function_metrics
-from rloo.run.console import completions_table, metrics_table, render
+from rloo.run.console import completions_table, metrics_table, render, shown_row
 from rloo.run.trackers import image_files, init_kwargs, log_table, project_name, resolve_report_to, tracker_config
 from rloo.safe_text import display, tracker_text, visible
 
@@ -115,17 +115,25 @@ def reward_cells(reward_names: Sequence[str], values: torch.Tensor) -> dict[str,
 
 def completion_rows(prompts: Sequence[Any], completions: Sequence[Any], reward_names: Sequence[str],
                     reward_columns: torch.Tensor, scores: Sequence[float], advantages: Sequence[float],
-                    step: int, max_rows: int, extra: dict[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
+                    step: int, max_rows: int, extra: dict[str, Sequence[Any]] | None = None,
+                    turns: Sequence[Any] | None = None) -> list[dict[str, Any]]:
     """The first max_rows completions as rows: step, prompt, completion, each reward function's
     value (None where it did not apply), the shaped score, the advantage, and the columns reward
-    functions added with TRL's `log_extra`. A multi-turn completion is its messages (`Samples.shown`)."""
+    functions added with TRL's `log_extra`. A multi-turn completion is its messages (`Samples.shown`), followed by
+    its `turns` (`Samples.turn_records`: each turn's text, tool calls and results), which the tables show."""
     rows = []
     for index in range(min(max_rows, len(completions))):
         per_function = reward_cells(reward_names, reward_columns[index])
         added = {column: values[index] for column, values in (extra or {}).items() if index < len(values)}
-        rows.append({"step": step, "prompt": prompts[index], "completion": completions[index], **per_function,
+        rows.append({"step": step, "prompt": prompts[index], "completion": completions[index],
+                     **with_turns(turns, index), **per_function,
                      "score": float(scores[index]), "advantage": float(advantages[index]), **added})
     return rows
+
+
+def with_turns(turns: Sequence[Any] | None, index: int) -> dict[str, Any]:
+    """{"turns": the turn records of completion `index`} for a trajectory; {} for a single completion."""
+    return {} if turns is None or turns[index] is None else {"turns": turns[index]}
 
 
 def write_completions(path: str | Path, rows: list[dict[str, Any]]) -> None:
@@ -329,11 +337,12 @@ class MetricsLogger:
         write_completions(self.output_dir / "completions.jsonl", rows)  # first: the file holds the rows whatever happens
         if self.console:
             tqdm.write(render(completions_table(rows, step, len(rows))))
-        columns = [tracker_text(key) for key in rows[0]]
+        shown = [shown_row(row) for row in rows]  # a trajectory's completion cell is its turns
+        columns = [tracker_text(key) for key in shown[0]]
         # The trackers get the raw text (they render and sanitise it themselves), a chat prompt as its
         # turns, encodable (no lone surrogates).
         table = [[row.get(key) if isinstance(row.get(key), (int, float, type(None))) else tracker_text(display(row.get(key)))
-                  for key in rows[0]] for row in rows]
+                  for key in shown[0]] for row in shown]
         images = [image_files(row.get("image"), self.output_dir) for row in rows]  # log_multimodal's files
         for tracker in self.accelerator.trackers if self.use_trackers else []:
             log_table(tracker, "completions", columns, table, step, images)

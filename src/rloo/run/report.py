@@ -1,13 +1,15 @@
 """`rloo report RUN_DIR`: one self-contained HTML page of a run, to look at rather than read.
 
-It reads what a run writes (run.json, metrics.jsonl, completions.jsonl, rloo_config.json). At the
+It reads what a run writes (run.json, metrics.jsonl, completions.jsonl, rloo_config.json, and `rloo eval`'s
+eval_results.json and eval_samples.jsonl when present). At the
 top: the model, dataset and reward functions (from run.json, written when training starts). Then,
 against episodes: reward with its within-group spread, each reward function's mean when there are
 several, KL, entropy, completion length, clip fractions, learning rate, grad norm, and the eval
 metrics grouped by scale (reward, each reward function, 0-1 rates, lengths, pass@k), so that a rate
 never flattens the reward's axis. A panel whose every value is the same (KL at beta 0, clip
 fractions with one pass per batch) is left out and named in one line. Then the sample completions
-by step, and the settings that differ from the defaults. The plots are PNGs inlined as base64, so the
+by step and the evaluation samples (`report_samples`: a multi-turn trajectory as collapsible turns, its tool calls
+and results marked), and the settings that differ from the defaults. The plots are PNGs inlined as base64, so the
 page is one file that opens anywhere, offline.
 
 Every file it reads may be damaged or tampered with, and every text in them is untrusted: a line
@@ -28,7 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rloo.run.trackers import IMAGE_FILE
+from rloo.run.report_samples import SAMPLES_STYLE, completions_html, eval_samples_html
 from rloo.safe_text import html_text, visible
 
 # (title, [(metric, label)], band): band is (metric of the spread, "std") or (low, high) metrics.
@@ -277,35 +279,6 @@ def draw_panels(train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> tup
     return panels, flat
 
 
-def completions_html(rows: list[dict[str, Any]], per_step: int = 8) -> str:
-    """The sample completions by step: every cell and name through `safe_text.html_text` (a chat
-    prompt as its turns); rows whose step is not an integer come last, under the step they name."""
-    by_step: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        step = row.get("step", 0)
-        by_step[step if isinstance(step, int) and not isinstance(step, bool) else visible(step)].append(row)
-    parts = []
-    for step in sorted(by_step, key=lambda s: (isinstance(s, str), s if isinstance(s, int) else 0, str(s))):
-        columns = list(by_step[step][0])
-        head = "".join(f"<th>{html_text(c)}</th>" for c in columns if c != "step")
-        body = "".join("<tr>" + "".join(f"<td>{_thumbnails(r.get(c)) if c == 'image' else _cell(r.get(c))}</td>"
-                                        for c in columns if c != "step") + "</tr>"
-                       for r in by_step[step][:per_step])
-        parts.append(f"<h3>step {html.escape(str(step))}</h3><table><tr>{head}</tr>{body}</table>")
-    return "".join(parts) or "<p>No completions were logged (log_completions=False).</p>"
-
-
-def _thumbnails(value: Any) -> str:
-    """log_multimodal's "image" column: thumbnails of `data.images.save_images`' files; any other value as text."""
-    if not isinstance(value, list) or not all(isinstance(v, str) and IMAGE_FILE.fullmatch(v) for v in value):
-        return _cell(value)
-    return "".join(f'<img src="{html.escape(v, quote=True)}" width="64" alt="prompt image">' for v in value)
-
-
-def _cell(value: Any) -> str:
-    return f"<pre>{html_text(value)}</pre>"
-
-
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>
@@ -315,7 +288,7 @@ body {{ font-family: sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; margin-bottom: 1em; }}
 td, th {{ border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }}
 pre {{ margin: 0; white-space: pre-wrap; max-width: 40em; }}
-</style></head><body>
+{samples_style}</style></head><body>
 <h1>{title}</h1>
 {run}
 <p>{summary}</p>
@@ -323,6 +296,7 @@ pre {{ margin: 0; white-space: pre-wrap; max-width: 40em; }}
 {flat}
 {standalone}
 <h2>Sample completions</h2>{completions}
+{eval_samples}
 <h2>Config</h2><p>{config_note}</p><table>{config}</table>
 </body></html>
 """
@@ -339,6 +313,7 @@ def build_report(run_dir: str | Path) -> Path:
     card = read_json(run_dir / "run.json", skipped)
     config = read_json(run_dir / "rloo_config.json", skipped) or _dict(card.get("config"))
     completions = read_jsonl(run_dir / "completions.jsonl", skipped)
+    eval_samples = read_jsonl(run_dir / "eval_samples.jsonl", skipped)  # written by `rloo eval`
     last = train[-1] if train else {}
     standalone = read_json(run_dir / "eval_results.json", skipped)  # written by `rloo eval`
     summary = (f"{len(train)} training logs, last at step {last.get('step', '-')} after "
@@ -361,7 +336,8 @@ def build_report(run_dir: str | Path) -> Path:
                                                f"({len(config) - len(shown)} more in rloo_config.json)."),
                        config=config_rows or "<tr><td>rloo_config.json not found</td></tr>",
                        standalone=standalone_eval_html(standalone),
-                       completions=completions_html(completions))
+                       completions=completions_html(completions), samples_style=SAMPLES_STYLE,
+                       eval_samples=eval_samples_html(eval_samples))
     out = run_dir / "report.html"
     out.write_text(page, encoding="utf-8")
     return out

@@ -223,6 +223,7 @@ class CallFormat:
     parser: Parser
     parameters: dict[str, dict[str, Any]]  # each tool's JSON-schema parameters, by name
     special_tokens: tuple[str, ...] = ()  # removed from the content (the turn's end, channel markers)
+    end_opens_next: bool = False  # the turn's end id is the next message's first token (GLM-4's <|observation|>)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         content, calls = self.parser(text)

@@ -37,21 +37,24 @@ def _exchange(name: str, arguments: dict) -> list[dict]:
 
 
 def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]], end_ids: set[int],
-                    chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                    chat_template_kwargs: dict[str, Any] | None = None, end_opens_next: bool = False) -> list[int]:
     """The token ids that follow a sampled assistant turn (ending in one of `end_ids`): its tool
-    messages, then the generation prompt of the next assistant turn."""
+    messages, then the generation prompt of the next assistant turn. `end_opens_next`: the id the turn ends with is
+    the first token of the tool message (GLM-4's `<|observation|>`: `call_turn_ending`), so it is not repeated."""
     exchange = _exchange(tool_messages[0]["name"], {})  # the real name: some templates head the result with it
     before = _render(tokenizer, exchange, True, False, chat_template_kwargs)
     after = _render(tokenizer, exchange + tool_messages, True, True, chat_template_kwargs)
     before_ends = [i for i, token in enumerate(before) if token in end_ids]
     after_ends = [i for i, token in enumerate(after) if token in end_ids]
     # The user's turn and the assistant's each end in an end-of-turn id; the assistant's is the last in `before`.
-    if not before_ends or len(after_ends) < len(before_ends) or before[: before_ends[0] + 1] != after[: before_ends[0] + 1]:
+    # Where the end-of-turn id opens the next message instead, the tool message's is the first after `before`'s.
+    wanted = len(before_ends) + 1 if end_opens_next else len(before_ends)
+    if not before_ends or len(after_ends) < wanted or before[: before_ends[0] + 1] != after[: before_ends[0] + 1]:
         raise ValueError("the chat template does not end the user's and the assistant's turns with the end-of-turn "
                          "token the same way once tool messages follow, so the tool messages' tokens cannot be told "
                          "apart from the assistant's turn; use a template that ends every message with the tokenizer's "
                          "eos token (check_tool_template refuses such templates up front).")
-    return after[after_ends[len(before_ends) - 1] + 1:]
+    return after[after_ends[wanted - 1] + 1:]
 
 
 def check_tool_template(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None,
@@ -72,8 +75,8 @@ def prepare_tool_calls(tokenizer: Any, schemas: dict[Any, list[dict[str, Any]]],
     and the problem otherwise."""
     _check_renders_tools(tokenizer, chat_template_kwargs)
     call_format = formats.call_format(tokenizer, [s for group in schemas.values() for s in group], chat_template_kwargs)
-    call_turn_end(tokenizer, stop_ids, chat_template_kwargs)
-    _check_suffix(tokenizer, chat_template_kwargs, stop_ids)
+    _, call_format.end_opens_next = call_turn_ending(tokenizer, stop_ids, chat_template_kwargs)
+    _check_suffix(tokenizer, chat_template_kwargs, stop_ids, call_format.end_opens_next)
     return call_format
 
 
@@ -96,10 +99,11 @@ def _check_renders_tools(tokenizer: Any, chat_template_kwargs: dict[str, Any] | 
                           f"role 'tool' messages (e.g. a Hermes / Qwen-style template).")
 
 
-def _check_suffix(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None, end_ids: set[int]) -> None:
+def _check_suffix(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None, end_ids: set[int],
+                  end_opens_next: bool = False) -> None:
     messages = _exchange(_NAME, {_KEY: _VALUE}) + [{"role": "tool", "name": _NAME, "content": _CONTENT}]
     try:
-        suffix = tool_suffix_ids(tokenizer, messages[2:], end_ids, chat_template_kwargs)
+        suffix = tool_suffix_ids(tokenizer, messages[2:], end_ids, chat_template_kwargs, end_opens_next)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     if _CONTENT not in tokenizer.decode(suffix):
@@ -109,20 +113,42 @@ def _check_suffix(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None, e
 
 
 def call_turn_end(tokenizer: Any, stop_ids: set[int], chat_template_kwargs: dict[str, Any] | None = None) -> int:
-    """The id that ends an assistant turn making tool calls, read from the chat template (the added token its
-    rendering of such a turn ends with: `<|im_end|>`, `<|eot_id|>`, GPT-OSS's `<|call|>`, ...). It must be one of
-    `stop_ids`, the ids generation stops at, or the sampled turn could never end where the template ends it."""
+    """The id a sampled assistant turn that makes tool calls ends with (`call_turn_ending`)."""
+    return call_turn_ending(tokenizer, stop_ids, chat_template_kwargs)[0]
+
+
+def call_turn_ending(tokenizer: Any, stop_ids: set[int],
+                     chat_template_kwargs: dict[str, Any] | None = None) -> tuple[int, bool]:
+    """(the id that ends an assistant turn making tool calls, whether that id opens the next message), read from the
+    chat template: the added token its rendering of such a turn ends with (`<|im_end|>`, `<|eot_id|>`, GPT-OSS's
+    `<|call|>`, ...), else the one the tool message then begins with (GLM-4's `<|observation|>`: its turns have no end
+    token of their own, and generation stops at the next message's first token). It must be one of `stop_ids`, the
+    ids generation stops at, or the sampled turn could never end where the template ends it."""
     turn = formats.rendered_call_turn(tokenizer, chat_template_kwargs).rstrip()
-    added = {text: index for text, index in tokenizer.get_added_vocab().items() if turn.endswith(text)}
+    vocabulary = tokenizer.get_added_vocab()
+    added = {text: index for text, index in vocabulary.items() if turn.endswith(text)}
     if not added:
         raise ConfigError(f"the chat template ({formats.template_family(tokenizer)}) ends an assistant turn that makes tool "
                           f"calls with {turn[-40:]!r}, not with a token of its own, so the turn's end cannot be told "
                           f"from its text; tool results can be appended as tokens only after an end-of-turn token.")
     text, index = max(added.items(), key=lambda item: len(item[0]))
-    if index not in stop_ids:
-        names = sorted(tokenizer.convert_ids_to_tokens(sorted(stop_ids)))
-        raise ConfigError(f"the chat template ({formats.template_family(tokenizer)}) ends an assistant turn that makes tool "
-                          f"calls with {text!r} (id {index}), and generation does not stop there (it stops at "
-                          f"{names}), so a turn would run past its calls. To stop there, "
-                          f"add it to RLOOConfig(stop_token_ids=[{index}]).")
-    return index
+    if index in stop_ids:
+        return index, False
+    following = _next_message_start(tokenizer, chat_template_kwargs)
+    opening = {t: i for t, i in vocabulary.items() if following.startswith(t) and i in stop_ids}
+    if opening:
+        return max(opening.items(), key=lambda item: len(item[0]))[1], True
+    names = sorted(tokenizer.convert_ids_to_tokens(sorted(stop_ids)))
+    raise ConfigError(f"the chat template ({formats.template_family(tokenizer)}) ends an assistant turn that makes tool "
+                      f"calls with {text!r} (id {index}), and generation does not stop there (it stops at "
+                      f"{names}), nor at the token the tool message begins with, so a turn would run past its calls. "
+                      f"To stop there, add it to RLOOConfig(stop_token_ids=[{index}]).")
+
+
+def _next_message_start(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None) -> str:
+    """The text the chat template puts right after an assistant turn making calls when a tool message follows."""
+    exchange = _exchange(_NAME, {_KEY: _VALUE})
+    turn = _render(tokenizer, exchange, False, False, chat_template_kwargs)
+    whole = _render(tokenizer, exchange + [{"role": "tool", "name": _NAME, "content": _CONTENT}], False, False,
+                    chat_template_kwargs)
+    return whole[len(turn):].lstrip() if whole.startswith(turn) else ""
