@@ -18,6 +18,10 @@ if [ ! -f "$tokenizers/llama_cpp_python-0.3.36.tar.gz" ]; then
     python -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$tokenizers"
 fi
 python -m ruff check src tests benchmarks
-python -m pytest -q -m "not harness"  # the fault harness (~15 min) runs apart: python -m pytest tests/faults -m harness
+# RLOO_TEST_WORKERS=2 runs the suite in two worker processes (pytest-xdist; --dist loadfile keeps each file, and so
+# its module-scoped fixtures such as a torchrun, in one worker; each worker runs torch on one thread, tests/conftest.py).
+workers=()
+if [ -n "${RLOO_TEST_WORKERS:-}" ]; then workers=(-n "$RLOO_TEST_WORKERS" --dist loadfile); fi
+python -m pytest -q -m "not harness" ${workers[@]+"${workers[@]}"}  # the fault harness (~15 min) runs apart: python -m pytest tests/faults -m harness
 bash scripts/test_vllm.sh
 bash scripts/test_lower_bounds.sh

@@ -11,13 +11,16 @@ with the in-process sampler. Runs: "lora" (fp32 base), "qlora" (model_init_kwarg
 bitsandbytes' CPU backend, compute in fp32), "lora_async" (async_rollouts, max_staleness 1: a forked sampler
 process). Printed per run: the process's peak resident set during train() (VmHWM after resetting it when train()
 starts; an async run's sampler process is not counted, it shares most pages at fork), the resident set before
-train() (the loaded model), and seconds per optimizer step (wall time of train() / steps, sampling included).
+train() (the loaded model, after malloc_trim returns what loading freed; of it, the mapped file pages), the
+policy's weights and buffers
+(`get_memory_footprint`), and seconds per optimizer step (wall time of train() / steps, sampling included).
 bitsandbytes must be importable for "qlora" (the `quantization` or `dev` extra).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -58,7 +61,9 @@ def run_one(name: str, steps: int) -> dict:
         lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
         trainer = RLOOTrainer(model=str(smollm2_folder()), reward_funcs=digit_fraction, args=args, train_dataset=data,
                               peft_config=lora)
-        loaded = rss_kib("VmRSS")
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # return the heap freed while loading (4-bit: the fp32 weights)
+        loaded, loaded_file = rss_kib("VmRSS"), rss_kib("RssFile")  # RssFile: mapped file pages (the checkpoint)
+        weights = trainer.model.get_memory_footprint() / 2**20
         with open("/proc/self/clear_refs", "w") as handle:
             handle.write("5")  # resets VmHWM (the peak) to the current resident set
         start = time.perf_counter()
@@ -67,7 +72,7 @@ def run_one(name: str, steps: int) -> dict:
         base = type(trainer.model.base_model.model.model.layers[0].mlp.down_proj.base_layer).__name__
         lengths = [e["completions/mean_length"] for e in trainer.state.log_history if "completions/mean_length" in e]
     return {"run": name, "steps": steps, "base_layer": base, "mean_completion_length": sum(lengths) / len(lengths),
-            "rss_loaded_mib": loaded / 1024,
+            "weights_mib": weights, "rss_loaded_mib": loaded / 1024, "rss_file_loaded_mib": loaded_file / 1024,
             "peak_rss_train_mib": rss_kib("VmHWM") / 1024, "seconds_per_step": seconds / steps}
 
 
@@ -92,7 +97,8 @@ def main() -> None:
             continue
         result = json.loads(lines[0][len("RESULT "):])
         results.append(result)
-        print(f"{name:11s} {result['base_layer']:10s} loaded {result['rss_loaded_mib']:7.0f} MiB  peak in train() "
+        print(f"{name:11s} {result['base_layer']:10s} weights {result['weights_mib']:5.0f} MiB  loaded "
+              f"{result['rss_loaded_mib']:5.0f} MiB (files {result['rss_file_loaded_mib']:4.0f})  peak in train() "
               f"{result['peak_rss_train_mib']:7.0f} MiB  {result['seconds_per_step']:6.2f} s/step", flush=True)
     if opts.json:
         with open(opts.json, "w") as file:

@@ -78,7 +78,7 @@ def eval_summary(folder: Path) -> dict | None:
             "answered": len(answered) / n,
             "copies_a_tool_result": sum(f["copies_a_result"] for f in answered) / len(answered) if answered else 0.0,
             "copies_last_tool_result": sum(f["copies_last_result"] for f in answered) / len(answered) if answered else 0.0,
-            "source": str(path.relative_to(ROOT))}
+            "source": str(path.relative_to(ROOT)), "model": json.loads((folder / "eval_results.json").read_text())["model"]}
 
 
 def peak_rss_mb(time_file: Path) -> float | None:
@@ -100,6 +100,7 @@ def run_summary(name: str) -> dict | None:
         rows = [row for row in rows if "step_time" in row]
         step_times = [row["step_time"] for row in rows]
         seconds_per_step = statistics.fmean(step_times)
+        median_seconds_per_step = statistics.median(step_times)
         accuracy = [row.get("rewards/gsm8k_accuracy/mean") for row in rows]
         reward = [row.get("reward") for row in rows]
         calls = [row.get("tools/call_frequency") for row in rows]
@@ -112,14 +113,20 @@ def run_summary(name: str) -> dict | None:
         result = json.loads(result_file.read_text())["results"][0]
         rows = [row for row in json.loads(history_file.read_text()) if "rewards/gsm8k_accuracy/mean" in row]
         seconds_per_step = result["seconds_per_step"]
+        step_times = [row["step_time"] for row in rows if "step_time" in row]
+        median_seconds_per_step = statistics.median(step_times) if step_times else None
         accuracy = [row["rewards/gsm8k_accuracy/mean"] for row in rows]
         reward = [row.get("reward") for row in rows]
         calls = [row.get("tools/call_frequency") for row in rows]
         length = [row.get("completions/mean_length") for row in rows]
     return {"system": system, "arm": arm, "seed": seed, "steps": len(accuracy),
-            "seconds_per_step": seconds_per_step, "peak_rss_mb": peak_rss_mb(RUNS / f"{name}.time"),
+            "seconds_per_step": seconds_per_step, "median_seconds_per_step": median_seconds_per_step,
+            "peak_rss_mb": peak_rss_mb(RUNS / f"{name}.time"),
             "train_accuracy_per_step": accuracy, "train_reward_per_step": reward,
             "train_calls_per_step": calls, "train_mean_length_per_step": length,
+            "stopped_early": not (folder / "model.safetensors").exists(),
+            "train_accuracy_first_half": statistics.fmean(a or 0.0 for a in accuracy[:len(accuracy) // 2]) if accuracy else None,
+            "train_accuracy_second_half": statistics.fmean(a or 0.0 for a in accuracy[len(accuracy) // 2:]) if accuracy else None,
             "held_out": eval_summary(RUNS / f"{name}-eval"), "held_out_hard": eval_summary(RUNS / f"{name}-hard-eval")}
 
 
@@ -164,7 +171,9 @@ def plot(results: dict, path: Path) -> None:
     bars.bar_label(drawn, fmt="%.2f", fontsize=7)
     bars.set_xticks(range(len(names)), names, fontsize=7)
     bars.set_ylim(0, 1.05)
-    bars.set_title(f"Held-out accuracy (first {results['held_out_problems']} test problems, 1 sample)")
+    evaluated = [*results["before"].values(), *(run["held_out"] for run in results["runs"].values() if run["held_out"])]
+    sizes = sorted({figures["samples"] for figures in evaluated})
+    bars.set_title(f"Held-out accuracy (first {'/'.join(map(str, sizes))} test problems, 1 sample)")
     figure.suptitle("SmolLM2-135M, arithmetic on 4-5 digit numbers with a calculator (recipes/arithmetic_*_cpu.yaml)",
                     fontsize=10)
     figure.tight_layout()
@@ -181,7 +190,7 @@ def main() -> None:
     before_hard = {arm: eval_summary(RUNS / f"{arm}-before-hard-eval") for arm in ("tools", "plain")}
     results = {"command": "bash benchmarks/recipes/arithmetic_runs.sh STEPS JOB... && python benchmarks/recipes/arithmetic.py",
                "machine": "2 CPU cores shared with other jobs (runs took a lock one at a time; other processes ran beside)",
-               "held_out_problems": 64, "before": {k: v for k, v in before.items() if v},
+               "before": {k: v for k, v in before.items() if v},
                "before_hard": {k: v for k, v in before_hard.items() if v}, "runs": runs}
     out = ROOT / "benchmarks" / "results" / "arithmetic_tools.json"
     out.write_text(json.dumps(results, indent=1))

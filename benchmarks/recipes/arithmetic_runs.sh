@@ -3,6 +3,7 @@
 # GRPOTrainer with the same tool, seed by seed, each then evaluated on the first EVAL held-out problems.
 #   bash benchmarks/recipes/arithmetic_runs.sh STEPS JOB...
 #     JOB: tools-s<seed> | plain-s<seed> | trl-s<seed> | before (the two warm starts) | hard-<run> (hard set)
+#          | eval-<run> (evaluate a run, or the last checkpoint of one stopped early)
 #   e.g. bash benchmarks/recipes/arithmetic_runs.sh 30 tools-s0 trl-s0 plain-s0 before
 # Each job (a run and its evaluation) takes /tmp/rloo-heavy.lock for itself (LOCK=... to change, LOCK= for none),
 # so other heavy jobs get turns between jobs. Writes runs/arithmetic/<job>/ (the run, its final model) with <job>.log and
@@ -45,6 +46,10 @@ for job in "$@"; do
       model=$runs/$name; [ "$name" = tools-before ] && model=recipes/models/smollm2-135m-instruct-arith-sft-tools
       [ "$name" = plain-before ] && model=recipes/models/smollm2-135m-instruct-arith-sft-plain
       evaluate "$model" "$(config_of "$arm")" "$runs/$name-hard-eval" --dataset_name recipes/data/arithmetic_hard;;
+    eval-*)  # a run stopped early (SIGTERM saves a checkpoint): its last checkpoint, evaluated as the run's
+      name=${job#eval-}; arm=${name%-s*}; [ "$arm" = trl ] && arm=tools
+      model=$runs/$name; [ -f "$model/model.safetensors" ] || model=$(ls -d "$runs/$name"/checkpoint-* | sort -V | tail -1)
+      evaluate "$model" "$(config_of "$arm")" "$runs/$name-eval";;
     tools-s*|plain-s*)
       arm=${job%-s*}; seed=${job##*-s}; out=$runs/$job
       if [ ! -f "$out/model.safetensors" ]; then

@@ -199,11 +199,11 @@ def reward_digits(completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 if __name__ == "__main__":
-    folder, out, use_async = sys.argv[1], sys.argv[2], sys.argv[3] == "async"
+    folder, out, use_async, steps = sys.argv[1], sys.argv[2], sys.argv[3] == "async", int(sys.argv[4])
     data = Dataset.from_list([{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)])
     staleness = {"async_rollouts": True, "max_staleness": 2} if use_async else {}
     args = RLOOConfig(output_dir=out, use_vllm=True, **staleness, num_generations=4,
-                      per_device_train_batch_size=8, max_completion_length=8, max_steps=4, learning_rate=3e-2,
+                      per_device_train_batch_size=8, max_completion_length=8, max_steps=steps, learning_rate=3e-2,
                       beta=0.0, logging_steps=1, save_steps=0, report_to=[], seed=0, eval_steps=2)
     lora = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
     trainer = RLOOTrainer(model=folder, reward_funcs=reward_digits, args=args, train_dataset=data,
@@ -222,13 +222,13 @@ def test_a_trl_lora_script_with_use_vllm_syncs_adapters_alone(setup, tmp_path):
 
     script = tmp_path / "train_lora.py"
     script.write_text(ASYNC_LORA_SCRIPT)
-    result = run_plain_python(str(script), str(setup[0]), str(tmp_path / "out"), "sync")
+    result = run_plain_python(str(script), str(setup[0]), str(tmp_path / "out"), "sync", "2")  # 2 steps: CI's time
     assert result.returncode == 0, result.stderr[-4000:]
     import json
 
     sync = json.loads(result.stdout.split("SYNC ", 1)[1].splitlines()[0])
     print(f"TRL-style LoRA script: {sync}")
-    assert sync["kind"] == "adapters" and sync["versions"] >= 4  # one version per optimizer step (and evaluation)
+    assert sync["kind"] == "adapters" and sync["versions"] >= 2  # one version per optimizer step (and evaluation)
     assert sync["bytes"] < sync["versions"] * 100_000  # adapters (34,816 bytes each), never the base's 1.2 MB
 
 
@@ -241,7 +241,7 @@ def test_async_rollouts_sample_with_the_adapter_version_of_their_weights(setup, 
     folder = setup[0]
     script = tmp_path / "train_async_lora.py"
     script.write_text(ASYNC_LORA_SCRIPT)
-    result = run_plain_python(str(script), str(folder), str(tmp_path / "out"), "async")
+    result = run_plain_python(str(script), str(folder), str(tmp_path / "out"), "async", "4")
     assert result.returncode == 0, result.stderr[-4000:]
     import json
 

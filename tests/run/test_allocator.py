@@ -11,12 +11,19 @@ import sys
 
 import pytest
 
+from rloo.run import allocator
 from rloo.run.allocator import return_large_buffers_to_os
 
+ALLOCATOR = allocator.__file__
+
+# The probe loads allocator.py alone, not the rloo package (whose import costs seconds of CPU in each process).
 PROBE = """
-import ctypes, os, sys
+import ctypes, importlib.util, os, sys
 import torch
-from rloo.run.allocator import return_large_buffers_to_os
+spec = importlib.util.spec_from_file_location("allocator", sys.argv[1])
+allocator = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(allocator)
+return_large_buffers_to_os = allocator.return_large_buffers_to_os
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -36,7 +43,7 @@ print("mmapped", mallinfo2().hblks - before)
 def _probe(**env_overrides):
     env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "RLOO_KEEP_MALLOC_SETTINGS")}
     env.update(env_overrides)
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", PROBE, ALLOCATOR], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
     return lines["set"] == "True", int(lines["mmapped"])

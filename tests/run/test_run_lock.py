@@ -21,12 +21,52 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
 HOLD = ("import sys, time\nfrom rloo.run.run_lock import lock_output_dir\nlock_output_dir(sys.argv[1])\n"
         "print('held', flush=True)\ntime.sleep(600)\n")
-TAKE = "import sys\nfrom rloo.run.run_lock import lock_output_dir\nprint(lock_output_dir(sys.argv[1]))\n"
+# Another process that tries to take the lock once per line of its input, with the rank variables that line sets
+# in its environment (`-` for none); it answers `took None`, `took` (then lets go) or `refused <message>`. One
+# such process serves all the tries of a test: each start imports rloo (seconds of CPU).
+TAKE = """import json, os, sys
+from rloo.config import ConfigError
+from rloo.run.run_lock import RANK_VARIABLES, lock_output_dir
+for line in sys.stdin:
+    for name in RANK_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ.update(dict(item.split("=") for item in line.split() if item != "-"))
+    try:
+        lock = lock_output_dir(sys.argv[1])
+    except ConfigError as error:
+        print("refused", json.dumps(str(error)), flush=True)
+        continue
+    print("took" if lock is not None else "took None", flush=True)
+    if lock is not None:
+        lock.close()
+"""
 
 
-def take_in_another_process(directory, env=None):
-    return subprocess.run([sys.executable, "-c", TAKE, str(directory)], capture_output=True, text=True, timeout=300,
-                          env=env or ENV)
+class OtherProcess:
+    """Another process (one per test) that tries to take the lock whenever asked; `take(settings)` sets the rank
+    variables `settings` names ('VAR=value ...', or '-' for none) and returns (answer, message)."""
+
+    def __init__(self, directory):
+        self.process = subprocess.Popen([sys.executable, "-c", TAKE, str(directory)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+    def take(self, settings="-"):
+        self.process.stdin.write(settings + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline().strip()
+        assert line, f"the other process ended: {self.process.stderr.read()[-2000:]}"
+        answer, _, message = line.partition(" ") if line.startswith("refused") else (line, "", "")
+        return answer, json.loads(message) if message else ""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.process.stdin.close()
+        try:
+            assert self.process.wait(timeout=300) == 0, self.process.stderr.read()[-2000:]
+        finally:
+            self.process.kill()
 
 
 def start_holder(directory):
@@ -42,15 +82,15 @@ def test_another_process_is_refused_with_the_holders_pid_and_start_time(tmp_path
     assert again is first and first.users == 2
     record = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
     assert record["pid"] == os.getpid() and record["started"]
-    refused = take_in_another_process(tmp_path / "run")
-    assert refused.returncode != 0
-    assert f"is in use by another run: process {os.getpid()} on " in refused.stderr
-    assert f"started {record['started']}" in refused.stderr and "choose another output_dir" in refused.stderr
-    assert json.loads((tmp_path / "run" / LOCK_NAME).read_text()) == record  # the refused process wrote nothing
-    first.release()
-    assert take_in_another_process(tmp_path / "run").returncode != 0  # still held by the second user
-    first.release()
-    assert take_in_another_process(tmp_path / "run").returncode == 0
+    with OtherProcess(tmp_path / "run") as other:
+        answer, message = other.take()
+        assert answer == "refused" and f"is in use by another run: process {os.getpid()} on " in message
+        assert f"started {record['started']}" in message and "choose another output_dir" in message
+        assert json.loads((tmp_path / "run" / LOCK_NAME).read_text()) == record  # the refused process wrote nothing
+        first.release()
+        assert other.take()[0] == "refused"  # still held by the second user
+        first.release()
+        assert other.take()[0] == "took"
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
@@ -67,10 +107,10 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
 def test_only_rank_0_of_a_launch_takes_the_lock(tmp_path):
     holder = start_holder(tmp_path / "run")
     try:
-        for rank in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):  # the other processes of a run never refuse it
-            other_rank = take_in_another_process(tmp_path / "run", env={**ENV, rank: "1"})
-            assert other_rank.returncode == 0 and other_rank.stdout.strip() == "None", other_rank.stderr
-        assert take_in_another_process(tmp_path / "run", env={**ENV, "RANK": "0"}).returncode != 0
+        # the other processes of a run never refuse it, whichever launcher's variable says their rank
+        with OtherProcess(tmp_path / "run") as other:
+            answers = [other.take(settings)[0] for settings in ("RANK=1", "PMI_RANK=1", "OMPI_COMM_WORLD_RANK=1", "RANK=0")]
+        assert answers == ["took None"] * 3 + ["refused"], answers
     finally:
         holder.kill()
         holder.wait()

@@ -131,7 +131,7 @@ def _save_checkpoint(accelerator: Accelerator, model: torch.nn.Module, tokenizer
             handle.remove()
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        if rollout_state is not None:
+        if rollout_state is not None and not args.save_only_model:  # a model-only checkpoint is never resumed
             torch.save(rollout_state, temporary / ROLLOUT_STATE)
         state = {
             "global_step": global_step,
