@@ -286,6 +286,9 @@ def test_max_tool_calling_iterations_and_the_completion_budget(tmp_path):
     rollout, _ = trainer.collector.collect(trainer.train_dataset.select(range(2)).to_list())
     assert int(rollout.completion_mask.sum(dim=1).max()) <= 130
     assert len(sampler.calls) >= 2
+    # a trajectory whose tool results do not fit ends with unanswered calls: truncated (clipped_ratio,
+    # mask_truncated_completions), though its last turn ended with an end id
+    assert not rollout.has_eos.any()
 
 
 def test_tools_need_a_template_that_renders_them(tmp_path):

@@ -233,7 +233,8 @@ class MultiTurnRollout:
                 messages = [{"role": "tool", "name": r.name, "content": r.content} for r in turn_results]
                 suffix = self.suffix_ids(messages)
                 if len(trajectories[i].ids) + len(suffix) >= self.max_completion_length:
-                    continue  # no room for the results and a reply: the trajectory ends with its calls
+                    trajectories[i].ended = False  # no room for the results: cut by the budget (truncated), not ended
+                    continue
                 trajectories[i].add(suffix, from_model=False)
                 trajectories[i].messages.extend(messages)
                 record_results(trajectories[i].turns, turn_results)
