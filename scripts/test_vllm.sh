@@ -30,12 +30,6 @@ fi
 export PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export RLOO_REQUIRE_VLLM="${RLOO_REQUIRE_VLLM:-${CI:-}}"
-# The vLLM-named test files that never need vLLM (fakes, the HTTP layer, the sync choice) run in the main suite
-# already; tests/test_ci_tiers.py checks that none of them imports or requires vLLM.
-without_vllm=(test_lora_sync_choice.py test_vllm_client.py test_vllm_sampler.py test_vllm_server_guards.py
-              test_vllm_server_images.py)
-ignored=()
-for name in "${without_vllm[@]}"; do ignored+=(--ignore "tests/generation/$name"); done
 cd "$here"
 # The harness tier (a fault server of its own, ~1 min) is left out; `-m harness` after it runs it instead.
-"$venv/bin/python" -m pytest -q tests/generation -k vllm -m "not harness" "${ignored[@]}" -p no:cacheprovider "$@"
+"$venv/bin/python" -m pytest -q tests/generation -k vllm -m "not harness" -p no:cacheprovider "$@"
