@@ -218,7 +218,7 @@ def main() -> None:
                         help="read GSM8K offline from this folder: OpenAI's train.jsonl and test.jsonl, or the "
                              "openai/gsm8k dataset's main/{train,test}-*.parquet files (see above); default: the Hub")
     parser.add_argument("--sft-steps", type=int, default=None,
-                        help="SFT optimizer steps (smollm2-sft-*: default 24; smollm2-arith-sft-*: default 8)")
+                        help="SFT optimizer steps (smollm2-sft-*: default 24; smollm2-arith-sft-*: default 16)")
     parser.add_argument("--sft-batch-size", type=int, default=4, help="solutions per SFT step")
     parser.add_argument("--sft-learning-rate", type=float, default=1e-4)
     parser.add_argument("--sft-max-calls", type=int, default=4,
@@ -237,7 +237,7 @@ def main() -> None:
         elif what == "arithmetic":
             prepare_arithmetic()
         elif what in ARITHMETIC_SFT:
-            prepare_arithmetic_sft(what, options.sft_steps or 8, options.sft_batch_size, options.sft_learning_rate)
+            prepare_arithmetic_sft(what, options.sft_steps or 16, options.sft_batch_size, options.sft_learning_rate)
         elif what in SFT:
             prepare_smollm2_sft(what, options.gsm8k_dir, options.sft_steps or 24, options.sft_batch_size,
                                 options.sft_learning_rate, options.sft_max_calls)

@@ -78,6 +78,10 @@ def eval_summary(folder: Path) -> dict | None:
             "answered": len(answered) / n,
             "copies_a_tool_result": sum(f["copies_a_result"] for f in answered) / len(answered) if answered else 0.0,
             "copies_last_tool_result": sum(f["copies_last_result"] for f in answered) / len(answered) if answered else 0.0,
+            # the plan: a call for each operation the question asks for, and accuracy by the number of operations
+            "calls_equal_operations": sum(f["calls"] == f["operations"] for f in figures) / n,
+            "accuracy_by_operations": {str(k): statistics.fmean(f["right"] for f in figures if f["operations"] == k)
+                                       for k in sorted({f["operations"] for f in figures})},
             "source": str(path.relative_to(ROOT)), "model": json.loads((folder / "eval_results.json").read_text())["model"]}
 
 
@@ -189,19 +193,26 @@ def main() -> None:
     before = {arm: eval_summary(RUNS / f"{arm}-before-eval") for arm in ("tools", "plain")}
     before_hard = {arm: eval_summary(RUNS / f"{arm}-before-hard-eval") for arm in ("tools", "plain")}
     results = {"command": "bash benchmarks/recipes/arithmetic_runs.sh STEPS JOB... && python benchmarks/recipes/arithmetic.py",
-               "machine": "2 CPU cores shared with other jobs (runs took a lock one at a time; other processes ran beside)",
+               "machine": "2 CPU cores, two jobs at a time (OMP_NUM_THREADS=1 each, so each had a core)",
                "before": {k: v for k, v in before.items() if v},
                "before_hard": {k: v for k, v in before_hard.items() if v}, "runs": runs}
     out = ROOT / "benchmarks" / "results" / "arithmetic_tools.json"
     out.write_text(json.dumps(results, indent=1))
-    print(f"{'run':<14}{'s/step':>8}{'RSS MB':>8}{'acc':>7}{'call%':>7}{'calls':>7}{'fail%':>7}{'copy%':>7}")
-    rows = [(f"{arm}-before", None, None, figures) for arm, figures in results["before"].items()]
-    rows += [(name, run["seconds_per_step"], run["peak_rss_mb"], run["held_out"]) for name, run in runs.items()]
-    for name, seconds, rss, figures in rows:
+    print(f"{'run':<14}{'s/step':>8}{'RSS MB':>8}{'acc':>7}{'call%':>7}{'calls':>7}{'fail%':>7}{'copy%':>7}"
+          f"{'plan%':>7}{'acc1':>6}{'acc2':>6}{'acc3':>6}{'hard':>7}")
+    rows = [(f"{arm}-before", None, None, figures, results["before_hard"].get(arm))
+            for arm, figures in results["before"].items()]
+    rows += [(name, run["seconds_per_step"], run["peak_rss_mb"], run["held_out"], run["held_out_hard"])
+             for name, run in runs.items()]
+    for name, seconds, rss, figures, hard in rows:
         figures = figures or {}
+        by_operations = figures.get("accuracy_by_operations", {})
         print(f"{name:<14}{seconds or float('nan'):>8.1f}{rss or float('nan'):>8.0f}"
               + "".join(f"{figures.get(k, float('nan')):>7.3f}" for k in
-                        ("accuracy", "tool_call_rate", "calls_per_sample", "failed_call_rate", "copies_a_tool_result")))
+                        ("accuracy", "tool_call_rate", "calls_per_sample", "failed_call_rate", "copies_a_tool_result",
+                         "calls_equal_operations"))
+              + "".join(f"{by_operations.get(k, float('nan')):>6.2f}" for k in ("1", "2", "3"))
+              + f"{(hard or {}).get('accuracy', float('nan')):>7.3f}")
     print(f"wrote {out.relative_to(ROOT)}")
     if runs:
         plot(results, ROOT / "docs" / "arithmetic_tools.png")

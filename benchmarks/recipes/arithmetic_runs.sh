@@ -6,7 +6,7 @@
 #          | eval-<run> (evaluate a run, or the last checkpoint of one stopped early)
 #   e.g. bash benchmarks/recipes/arithmetic_runs.sh 30 tools-s0 trl-s0 plain-s0 before
 # Each job (a run and its evaluation) takes /tmp/rloo-heavy.lock for itself (LOCK=... to change, LOCK= for none),
-# so other heavy jobs get turns between jobs. Writes runs/arithmetic/<job>/ (the run, its final model) with <job>.log and
+# so other heavy jobs get turns between jobs. OMP_NUM_THREADS=1 (each job one core) lets two chains share 2 cores. Writes runs/arithmetic/<job>/ (the run, its final model) with <job>.log and
 # <job>.time (/usr/bin/time -v: peak RSS), and <job>-eval/ (rloo eval: eval_results.json, eval_samples.jsonl);
 # benchmarks/recipes/arithmetic.py reads them all.
 set -euo pipefail
@@ -62,7 +62,7 @@ for job in "$@"; do
       if [ ! -f "$out/model.safetensors" ]; then
         rm -rf "$out"
         run "$out.log" python benchmarks/recipes/tools_vs_trl.py --recipe recipes/arithmetic_tools_cpu.yaml \
-          --steps "$steps" --seed "$seed" --systems trl --save-dir "$out" --out "arithmetic_trl_s$seed.json"
+          --steps "$steps" --seed "$seed" --threads "${OMP_NUM_THREADS:-2}" --systems trl --save-dir "$out" --out "arithmetic_trl_s$seed.json"
       fi
       evaluate "$out" recipes/arithmetic_tools_cpu.yaml "$out-eval";;
     *) echo "unknown job $job" >&2; exit 2;;
