@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "runs" / "arithmetic"
 ANSWER = re.compile(r"####\s*\$?(-?[\d,]*\.?\d+)")
 OPERATION = re.compile(r"\s[-+*/]\s")
+TRAJECTORIES_PER_STEP = 8  # the recipes' per_device_train_batch_size x gradient_accumulation_steps
 
 
 def normalised(number: str) -> str:
@@ -123,8 +124,12 @@ def run_summary(name: str) -> dict | None:
         reward = [row.get("reward") for row in rows]
         calls = [row.get("tools/call_frequency") for row in rows]
         length = [row.get("completions/mean_length") for row in rows]
+    # The work differs between runs (each policy writes trajectories of its own length): seconds per thousand of
+    # the model's own tokens (completions/mean_length counts them alone in both, tool results left out) as well.
+    model_tokens = sum(value or 0.0 for value in length) * TRAJECTORIES_PER_STEP
     return {"system": system, "arm": arm, "seed": seed, "steps": len(accuracy),
             "seconds_per_step": seconds_per_step, "median_seconds_per_step": median_seconds_per_step,
+            "seconds_per_1k_model_tokens": seconds_per_step * len(accuracy) / model_tokens * 1000 if model_tokens else None,
             "peak_rss_mb": peak_rss_mb(RUNS / f"{name}.time"),
             "train_accuracy_per_step": accuracy, "train_reward_per_step": reward,
             "train_calls_per_step": calls, "train_mean_length_per_step": length,
