@@ -14,7 +14,10 @@ samples (`rloo eval`'s eval_samples.jsonl, the first 64 test problems, one sampl
   as tools/call_frequency counts them);
 - calls per operation the problem needs (a call for each + - * / of the question is the plan);
 - copies a tool result: the share of samples with a '####' answer whose answer is one of that sample's
-  (successful) calculator results, and the share whose answer is the last one.
+  (successful) calculator results, and the share whose answer is the last one;
+- the plan: the share of samples that made as many calls as the question has operations, and accuracy by the
+  number of operations; for each run also seconds per 1,000 of the model's own tokens (the policies' trajectories
+  differ in length, so a step is not the same work in two runs).
 
 Writes benchmarks/results/arithmetic_tools.json and docs/arithmetic_tools.png (training accuracy per step of
 every run, a 5-step moving average, and held-out accuracy before and after).

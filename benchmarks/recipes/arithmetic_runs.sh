@@ -6,9 +6,10 @@
 #          | eval-<run> (evaluate a run, or the last checkpoint of one stopped early)
 #   e.g. bash benchmarks/recipes/arithmetic_runs.sh 30 tools-s0 trl-s0 plain-s0 before
 # Each job (a run and its evaluation) takes /tmp/rloo-heavy.lock for itself (LOCK=... to change, LOCK= for none),
-# so other heavy jobs get turns between jobs. OMP_NUM_THREADS=1 (each job one core) lets two chains share 2 cores. Writes runs/arithmetic/<job>/ (the run, its final model) with <job>.log and
-# <job>.time (/usr/bin/time -v: peak RSS), and <job>-eval/ (rloo eval: eval_results.json, eval_samples.jsonl);
-# benchmarks/recipes/arithmetic.py reads them all.
+# so other heavy jobs get turns between jobs; with OMP_NUM_THREADS=1 and LOCK= two chains share 2 cores, a core each.
+# Writes runs/arithmetic/<job>/ (the run, its final model) with <job>.log and <job>.time (/usr/bin/time -v: peak
+# RSS), and <job>-eval/ (rloo eval: eval_results.json, eval_samples.jsonl); benchmarks/recipes/arithmetic.py reads
+# them all.
 set -euo pipefail
 steps=$1; shift
 runs=runs/arithmetic; mkdir -p "$runs"
