@@ -31,11 +31,12 @@ import statistics
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "runs" / "arithmetic"
 ANSWER = re.compile(r"####\s*\$?(-?[\d,]*\.?\d+)")
 OPERATION = re.compile(r"\s[-+*/]\s")
-TRAJECTORIES_PER_STEP = 8  # the recipes' per_device_train_batch_size x gradient_accumulation_steps
 
 
 def normalised(number: str) -> str:
@@ -129,7 +130,9 @@ def run_summary(name: str) -> dict | None:
         length = [row.get("completions/mean_length") for row in rows]
     # The work differs between runs (each policy writes trajectories of its own length): seconds per thousand of
     # the model's own tokens (completions/mean_length counts them alone in both, tool results left out) as well.
-    model_tokens = sum(value or 0.0 for value in length) * TRAJECTORIES_PER_STEP
+    recipe = yaml.safe_load((ROOT / "recipes" / f"arithmetic_{arm}_cpu.yaml").read_text())
+    per_step = recipe["per_device_train_batch_size"] * recipe["gradient_accumulation_steps"]  # trajectories a step
+    model_tokens = sum(value or 0.0 for value in length) * per_step
     return {"system": system, "arm": arm, "seed": seed, "steps": len(accuracy),
             "seconds_per_step": seconds_per_step, "median_seconds_per_step": median_seconds_per_step,
             "seconds_per_1k_model_tokens": seconds_per_step * len(accuracy) / model_tokens * 1000 if model_tokens else None,
